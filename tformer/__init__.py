@@ -1,0 +1,1 @@
+"""tformer: the Transformer, derived and built by hand."""

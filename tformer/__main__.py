@@ -1,0 +1,57 @@
+"""``python -m tformer run <system> [flags]`` and ``python -m tformer generate [flags]``.
+
+Each run lives in ``tformer/runs/<module>.py`` with ``add_arguments(parser)`` and ``main(args)``.
+"""
+import argparse
+import importlib
+import sys
+
+# system name -> (module in tformer.runs, one-line description)
+RUNS = {
+    "attention": ("attention", "seed 001: one self-attention layer on the copy-the-max-row task"),
+    "transformer2": ("transformer2", "seed 000: the two-layer transformer (swish MLP, no LayerNorm)"),
+    "encoder": ("encoder", "seed 003: the post-LN encoder reconstructing its input"),
+    "transformer": ("transformer", "seed 002: the complete Transformer on a padded sequence task"),
+    "tinygpt": ("tinygpt", "seed 004: TinyGPT, a byte-level GPT trained on text"),
+}
+
+
+def _load(module):
+    try:
+        return importlib.import_module(f"tformer.runs.{module}")
+    except ModuleNotFoundError as e:
+        if e.name == f"tformer.runs.{module}":
+            return None
+        raise
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="python -m tformer",
+                                     description="Train and sample the book's source systems.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="train one source system")
+    systems = run.add_subparsers(dest="system", required=True, metavar="SYSTEM")
+    for name, (module, help_text) in RUNS.items():
+        mod = _load(module)
+        if mod is None:
+            continue
+        p = systems.add_parser(name, help=help_text, description=help_text,
+                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        mod.add_arguments(p)
+        p.set_defaults(func=mod.main)
+    gen = _load("generate_cmd")
+    if gen is not None:
+        p = sub.add_parser("generate", help="write text from a saved TinyGPT checkpoint",
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        gen.add_arguments(p)
+        p.set_defaults(func=gen.main)
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    return args.func(args) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

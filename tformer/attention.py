@@ -1,0 +1,121 @@
+"""Multi-head self-attention as a module, and the key/value cache used for generation.
+
+Every variant the five sources use is this one class with different switches:
+
+| source | heads | projections | biases | scale | mask |
+| --- | --- | --- | --- | --- | --- |
+| 001 attention layer, 000 two-layer | 1 | W_q, W_k, W_v, W_o | no | 1/√d_model | none |
+| 003 encoder, 002 Transformer | H | W_q, W_k, W_v, W_o | yes | 1/√D | padding (002), causal (002) |
+| 004 TinyGPT | 1 or H | fused W_qkv, W_proj | yes | 1/√D | causal |
+"""
+import numpy as np
+
+from . import functional as F
+from ._validate import float_array
+from .layers import Linear, Module, _rng
+
+
+class KVCache:
+    """Keys and values of the positions seen so far, preallocated to ``max_len``.
+
+    Shapes: ``k, v: (B, H, max_len, D)``; ``append`` writes new positions and returns views of the
+    first ``t`` positions, so generating n tokens costs O(n) copies instead of O(n²).
+    """
+
+    def __init__(self, B, H, max_len, D, dtype=np.float32):
+        self.k = np.empty((B, H, max_len, D), dtype)
+        self.v = np.empty((B, H, max_len, D), dtype)
+        self.t = 0
+
+    def append(self, k, v):
+        """k, v: (B, H, T_new, D) -> all keys and values so far, (B, H, t, D) each."""
+        T_new = k.shape[2]
+        if self.t + T_new > self.k.shape[2]:
+            raise ValueError(f"k: cache holds {self.k.shape[2]} positions, {self.t + T_new} requested")
+        self.k[:, :, self.t:self.t + T_new] = k
+        self.v[:, :, self.t:self.t + T_new] = v
+        self.t += T_new
+        return self.k[:, :, :self.t], self.v[:, :, :self.t]
+
+
+class MultiHeadAttention(Module):
+    """Y = Concat(head_1, …, head_H) W_o + b_o,  head_h = softmax(Q_h K_hᵀ · scale + M) V_h.
+
+    ``x: (B, T, C)`` -> ``(B, T, C)``, ``H = n_heads``, ``D = C / H``. With ``fused_qkv`` the three
+    projections are one ``W_qkv: (C, 3C)`` (seed 004), otherwise ``W_q, W_k, W_v: (C, C)``.
+    ``scale`` defaults to 1/√D. ``causal=True`` adds the causal mask; ``forward(x, mask)`` takes an
+    extra boolean or additive mask broadcastable to ``(B, H, T, T)`` (e.g. a padding mask).
+    After a forward pass, ``self.att`` holds the attention probabilities ``(B, H, T, T_k)``.
+    """
+
+    def __init__(self, d_model, n_heads=1, bias=True, fused_qkv=False, causal=False, scale=None,
+                 rng=None, dtype=np.float32, init_std=None, seed=0):
+        super().__init__()
+        if n_heads < 1 or d_model % n_heads:
+            raise ValueError(f"n_heads: must divide d_model = {d_model}, got {n_heads}")
+        rng = _rng(rng, seed)
+        self.d_model, self.n_heads, self.causal, self.fused = d_model, n_heads, causal, fused_qkv
+        self.scale = scale
+        C = d_model
+        if fused_qkv:
+            self.qkv = Linear(C, 3 * C, bias, rng, dtype, init_std)
+        else:
+            self.q = Linear(C, C, bias, rng, dtype, init_std)
+            self.k = Linear(C, C, bias, rng, dtype, init_std)
+            self.v = Linear(C, C, bias, rng, dtype, init_std)
+        self.o = Linear(C, C, bias, rng, dtype, init_std)
+        self.att = None
+        self._cache = None
+
+    def _project(self, x):
+        if self.fused:
+            qkv = self.qkv(x)                                           # (B, T, 3C)
+            C = self.d_model
+            return qkv[..., :C], qkv[..., C:2 * C], qkv[..., 2 * C:]
+        return self.q(x), self.k(x), self.v(x)
+
+    def forward(self, x, mask=None, kv_cache=None):
+        """x: (B, T, C) -> (B, T, C). With ``kv_cache`` (generation, no backward) the keys and values
+        of earlier positions come from the cache and ``x`` holds only the new positions."""
+        float_array("x", x, ndim=3)
+        if x.shape[2] != self.d_model:
+            raise ValueError(f"x: expected last axis d_model = {self.d_model}, got shape {x.shape}")
+        H = self.n_heads
+        q, k, v = (F.split_heads(t, H) for t in self._project(x))       # (B, H, T, D) each
+        if kv_cache is not None:
+            k, v = kv_cache.append(k, v)                                  # (B, H, T_k, D)
+        full = self._mask(q.shape[2], k.shape[2], mask)
+        y, att_cache = F.attention_forward(q, k, v, full, self.scale)    # (B, H, T, D)
+        self.att = att_cache[3]
+        self._cache = None if kv_cache is not None else att_cache
+        return self.o(F.merge_heads(y))                                   # (B, T, C)
+
+    def _mask(self, T_q, T_k, mask):
+        if not self.causal:
+            return mask
+        causal = F.causal_mask(T_q, T_k)                                  # (T_q, T_k)
+        if mask is None:
+            return causal
+        if mask.dtype == bool:
+            return mask & causal
+        return np.where(causal, mask, -np.inf).astype(mask.dtype)
+
+    def backward(self, dy):
+        """dy: (B, T, C) -> dx: (B, T, C); accumulates every projection's gradients."""
+        if self._cache is None:
+            raise RuntimeError("backward: no forward pass to differentiate (or it used a KV cache)")
+        dmerged = self.o.backward(dy)                                     # (B, T, C)
+        dq, dk, dv = F.attention_backward(F.split_heads(dmerged, self.n_heads), self._cache)
+        dq, dk, dv = F.merge_heads(dq), F.merge_heads(dk), F.merge_heads(dv)   # (B, T, C) each
+        if self.fused:
+            return self.qkv.backward(np.concatenate([dq, dk, dv], axis=-1))
+        dx = self.q.backward(dq)
+        dx += self.k.backward(dk)
+        dx += self.v.backward(dv)
+        return dx
+
+    def new_cache(self, B, max_len):
+        """An empty ``KVCache`` sized for this layer."""
+        D = self.d_model // self.n_heads
+        dtype = (self.qkv if self.fused else self.q).W.dtype
+        return KVCache(B, self.n_heads, max_len, D, dtype)

@@ -1,0 +1,82 @@
+"""Transformer blocks: the three residual wirings the sources use.
+
+- ``ResidualBlock`` (seed 000): X̃ = X + MHA(X),  Y = X̃ + FFN(X̃);  no normalisation.
+- ``PostNormBlock`` (seeds 002, 003): Z = LN(X + MHA(X)),  O = LN(Z + FFN(Z)).
+- ``PreNormBlock`` (seed 004): X ← X + MHA(LN(X)),  X ← X + FFN(LN(X)).
+
+Shapes: ``x: (B, T, C)`` -> ``(B, T, C)``. Each residual sum sends its gradient down both paths,
+so every backward adds the branch's input gradient to the skip connection's.
+"""
+import numpy as np
+
+from .attention import MultiHeadAttention
+from .layers import Dropout, FeedForward, LayerNorm, Module, _rng
+
+
+class ResidualBlock(Module):
+    """X̃ = X + MHA(X),  Y = X̃ + FFN(X̃)  (seed 000: single head, swish, no biases, no LayerNorm)."""
+
+    def __init__(self, d_model, n_heads=1, d_ff=None, activation="swish", bias=False, rng=None,
+                 dtype=np.float32, seed=0):
+        super().__init__()
+        rng = _rng(rng, seed)
+        self.attn = MultiHeadAttention(d_model, n_heads, bias=bias, rng=rng, dtype=dtype)
+        self.ffn = FeedForward(d_model, d_ff or 4 * d_model, activation, bias, rng=rng, dtype=dtype)
+
+    def forward(self, x, mask=None):
+        z = x + self.attn(x, mask)                 # X̃ = X + Z W_o
+        return z + self.ffn(z)                     # Y = S' W_2 + X̃
+
+    def backward(self, dy):
+        dz = dy + self.ffn.backward(dy)            # ∂L/∂X̃ = ∂L/∂Y + (∂L/∂H) W_1ᵀ
+        return dz + self.attn.backward(dz)         # ∂L/∂X = ∂L/∂X̃ + (Q, K, V paths)
+
+
+class PostNormBlock(Module):
+    """Z = LN(X + Drop(MHA(X))),  O = LN(Z + Drop(FFN(Z)))  (seeds 002 and 003)."""
+
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.0, activation="relu", bias=True,
+                 causal=False, rng=None, dtype=np.float32, eps=1e-5, seed=0):
+        super().__init__()
+        rng = _rng(rng, seed)
+        self.attn = MultiHeadAttention(d_model, n_heads, bias=bias, causal=causal, rng=rng, dtype=dtype)
+        self.drop1 = Dropout(dropout, rng)
+        self.ln1 = LayerNorm(d_model, eps, dtype)
+        self.ffn = FeedForward(d_model, d_ff, activation, bias, rng=rng, dtype=dtype)
+        self.drop2 = Dropout(dropout, rng)
+        self.ln2 = LayerNorm(d_model, eps, dtype)
+
+    def forward(self, x, mask=None):
+        z = self.ln1(x + self.drop1(self.attn(x, mask)))           # (B, T, C)
+        return self.ln2(z + self.drop2(self.ffn(z)))               # (B, T, C)
+
+    def backward(self, dy):
+        da = self.ln2.backward(dy)                                 # ∂L/∂(Z + FFN(Z))
+        dz = da + self.ffn.backward(self.drop2.backward(da))
+        db = self.ln1.backward(dz)                                 # ∂L/∂(X + MHA(X))
+        return db + self.attn.backward(self.drop1.backward(db))
+
+
+class PreNormBlock(Module):
+    """X ← X + MHA(LN(X)),  X ← X + FFN(LN(X))  (seed 004: causal, fused W_qkv, GELU MLP, biases)."""
+
+    def __init__(self, d_model, n_heads=1, d_ff=None, activation="gelu", bias=True, causal=True,
+                 fused_qkv=True, dropout=0.0, rng=None, dtype=np.float32, init_std=0.02, eps=1e-5, seed=0):
+        super().__init__()
+        rng = _rng(rng, seed)
+        self.ln1 = LayerNorm(d_model, eps, dtype)
+        self.attn = MultiHeadAttention(d_model, n_heads, bias=bias, fused_qkv=fused_qkv, causal=causal,
+                                       rng=rng, dtype=dtype, init_std=init_std)
+        self.drop1 = Dropout(dropout, rng)
+        self.ln2 = LayerNorm(d_model, eps, dtype)
+        self.ffn = FeedForward(d_model, d_ff or 4 * d_model, activation, bias, rng=rng, dtype=dtype,
+                               init_std=init_std)
+        self.drop2 = Dropout(dropout, rng)
+
+    def forward(self, x, mask=None, kv_cache=None):
+        x = x + self.drop1(self.attn(self.ln1(x), mask, kv_cache))     # (B, T, C)
+        return x + self.drop2(self.ffn(self.ln2(x)))                    # (B, T, C)
+
+    def backward(self, dy):
+        dx = dy + self.ln2.backward(self.ffn.backward(self.drop2.backward(dy)))
+        return dx + self.ln1.backward(self.attn.backward(self.drop1.backward(dx)))

@@ -1,0 +1,112 @@
+"""Scaled dot-product attention kernel, its masks, and the multi-head split/merge reshapes."""
+import math
+
+import numpy as np
+
+from .._validate import float_array, int_array, same_dtype
+from .softmax import softmax_backward, softmax_forward
+
+
+def causal_mask(T_q, T_k=None):
+    """M[i, j] = (j ≤ i + T_k − T_q): query i sees keys up to its own position.
+
+    Shapes: -> ``(T_q, T_k)`` boolean, True where attention is allowed. With ``T_k > T_q`` (a KV cache
+    holding ``T_k − T_q`` earlier positions) the queries are the last ``T_q`` positions.
+    """
+    T_k = T_q if T_k is None else T_k
+    if T_k < T_q:
+        raise ValueError(f"T_k: expected at least T_q = {T_q} keys, got {T_k}")
+    return np.tril(np.ones((T_q, T_k), dtype=bool), k=T_k - T_q)
+
+
+def padding_mask(tokens, pad_idx=0):
+    """M[b, 0, 0, j] = (tokens[b, j] ≠ pad_idx): no query attends to a padding key.
+
+    Shapes: ``tokens: (B, T)`` -> ``(B, 1, 1, T)`` boolean, broadcasting over heads and queries
+    (the guide's ``create_padding_mask``).
+    """
+    int_array("tokens", tokens, ndim=2)
+    return (tokens != pad_idx)[:, None, None, :]
+
+
+create_padding_mask = padding_mask
+
+
+def split_heads(x, n_heads):
+    """(B, T, C) -> (B, H, T, D), D = C / H: head h owns channels [h·D, (h+1)·D). A reshape, no arithmetic."""
+    float_array("x", x, ndim=3)
+    B, T, C = x.shape
+    if n_heads < 1 or C % n_heads:
+        raise ValueError(f"n_heads: must divide C = {C}, got {n_heads}")
+    return x.reshape(B, T, n_heads, C // n_heads).transpose(0, 2, 1, 3)
+
+
+def merge_heads(x):
+    """(B, H, T, D) -> (B, T, H·D): the inverse of ``split_heads``, and also its gradient (and vice versa)."""
+    float_array("x", x, ndim=4)
+    B, H, T, D = x.shape
+    return x.transpose(0, 2, 1, 3).reshape(B, T, H * D)
+
+
+def attention_forward(q, k, v, mask=None, scale=None):
+    """Y = softmax(S) V,  S = scale · Q Kᵀ + M,  scale = 1/√D unless given.
+
+    Shapes: ``q: (..., T_q, D)``, ``k: (..., T_k, D)``, ``v: (..., T_k, D_v)`` with the same leading
+    axes (typically ``(B, H)``)  ->  ``y: (..., T_q, D_v)``.
+    ``mask`` broadcasts to ``(..., T_q, T_k)``: boolean (True = may attend; False sets the score
+    to −inf) or additive float (added to S; use −inf, not a finite "large" value, which leaks
+    probability when scores are of that size). A query whose keys are all masked gets a zero
+    attention row, hence a zero output and zero gradients, never NaN.
+    Returns ``y, cache`` with the probabilities ``P: (..., T_q, T_k)`` in the cache.
+    """
+    float_array("q", q, min_ndim=2)
+    float_array("k", k, min_ndim=2)
+    float_array("v", v, min_ndim=2)
+    same_dtype(q=q, k=k, v=v)
+    if not (q.ndim == k.ndim == v.ndim):
+        raise ValueError(f"q, k, v: expected the same rank, got {q.shape}, {k.shape}, {v.shape}")
+    if q.shape[:-2] != k.shape[:-2] or k.shape[:-2] != v.shape[:-2]:
+        raise ValueError(f"q, k, v: leading axes differ: {q.shape}, {k.shape}, {v.shape}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"k: expected key size D = {q.shape[-1]} (from q), got shape {k.shape}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"v: expected {k.shape[-2]} positions (from k), got shape {v.shape}")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    S = q @ k.swapaxes(-1, -2)                          # (..., T_q, T_k)
+    S *= scale
+    if mask is not None:
+        if not isinstance(mask, np.ndarray):
+            raise TypeError(f"mask: expected a boolean or float NumPy array, got {type(mask).__name__}")
+        try:
+            np.broadcast_shapes(mask.shape, S.shape)
+        except ValueError:
+            raise ValueError(f"mask: shape {mask.shape} does not broadcast to scores {S.shape}") from None
+        if mask.dtype == bool:
+            np.copyto(S, -np.inf, where=~mask)
+        elif np.issubdtype(mask.dtype, np.floating):
+            S += mask.astype(S.dtype, copy=False)
+        else:
+            raise TypeError(f"mask: expected dtype bool or float, got {mask.dtype}")
+    P, _ = softmax_forward(S)                            # (..., T_q, T_k), in place over S
+    y = P @ v                                            # (..., T_q, D_v)
+    return y, (q, k, v, P, scale)
+
+
+def attention_backward(dy, cache):
+    """dV = Pᵀ dY,  dP = dY Vᵀ,  dS = P ⊙ (dP − rowsum(dP ⊙ P)),  dQ = scale · dS K,  dK = scale · dSᵀ Q.
+
+    In the forward pass Y = P V, so V's gradient is Pᵀ dY and P's is dY Vᵀ; the softmax VJP turns
+    dP into dS; S = scale · Q Kᵀ gives the last two lines. A masked entry has P = 0, so its dS is
+    exactly 0: the mask blocks the gradient just as it blocked the forward pass.
+    Shapes: ``dy: (..., T_q, D_v)`` -> ``(dq, dk, dv)`` shaped like ``q, k, v``.
+    """
+    q, k, v, P, scale = cache
+    if dy.shape != (*q.shape[:-1], v.shape[-1]):
+        raise ValueError(f"dy: expected shape {(*q.shape[:-1], v.shape[-1])}, got {dy.shape}")
+    dv = P.swapaxes(-1, -2) @ dy                         # (..., T_k, D_v)
+    dP = dy @ v.swapaxes(-1, -2)                         # (..., T_q, T_k)
+    dS = softmax_backward(dP, (P, -1))
+    dS *= scale
+    dq = dS @ k                                          # (..., T_q, D)
+    dk = dS.swapaxes(-1, -2) @ q                         # (..., T_k, D)
+    return dq, dk, dv

@@ -1,0 +1,46 @@
+"""Linear layer kernel: Y = X W + b, and its three gradients."""
+import numpy as np
+
+from .._validate import float_array, same_dtype
+
+
+def linear_forward(x, W, b=None):
+    """Y = X W + b.
+
+    Shapes: ``x: (..., C_in)``, ``W: (C_in, C_out)``, ``b: (C_out,)`` or None  ->  ``y: (..., C_out)``.
+    The leading axes are flattened into one GEMM of ``B·T`` rows (no loop over batch).
+    Returns ``y, cache``.
+    """
+    float_array("x", x, min_ndim=1)
+    float_array("W", W, ndim=2)
+    if x.shape[-1] != W.shape[0]:
+        raise ValueError(f"x: last axis must match W's first: x {x.shape}, W {W.shape}")
+    if b is not None:
+        float_array("b", b, ndim=1)
+        if b.shape[0] != W.shape[1]:
+            raise ValueError(f"b: expected shape ({W.shape[1]},), got {b.shape}")
+    same_dtype(x=x, W=W, b=b)
+    x2 = x.reshape(-1, W.shape[0])                      # (N, C_in), N = B·T
+    y = x2 @ W                                           # (N, C_out)
+    if b is not None:
+        y += b
+    return y.reshape(*x.shape[:-1], W.shape[1]), (x, W, b is not None)
+
+
+def linear_backward(dy, cache):
+    """dX = dY Wᵀ,  dW = Xᵀ dY,  db = Σ_rows dY.
+
+    In the forward pass Y = X W + b, so each output row is a linear map of one input row:
+    the input gradient goes back through Wᵀ, and the weight gradient sums the outer products
+    xᵢᵀ dyᵢ over all ``N = B·T`` rows, which is exactly one GEMM ``X₂ᵀ dY₂``.
+    Shapes: ``dy: (..., C_out)`` -> ``(dx: (..., C_in), dW: (C_in, C_out), db: (C_out,) or None)``.
+    """
+    x, W, has_b = cache
+    if dy.shape != (*x.shape[:-1], W.shape[1]):
+        raise ValueError(f"dy: expected shape {(*x.shape[:-1], W.shape[1])}, got {dy.shape}")
+    dy2 = dy.reshape(-1, W.shape[1])                    # (N, C_out)
+    x2 = x.reshape(-1, W.shape[0])                      # (N, C_in)
+    dx = (dy2 @ W.T).reshape(x.shape)                   # (..., C_in)
+    dW = x2.T @ dy2                                     # (C_in, C_out)
+    db = dy2.sum(axis=0) if has_b else None             # (C_out,)
+    return dx, dW, db

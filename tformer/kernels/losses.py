@@ -1,0 +1,70 @@
+"""Losses, each returning the loss and its gradient with respect to the prediction."""
+import numpy as np
+
+from .._validate import float_array, index_range, int_array
+
+
+def mse_loss(y, target, reduction="mean"):
+    """Squared error in the scalings the sources use.
+
+    ``reduction="mean"`` (seed 003): L = ‖y − t‖² / N, dL/dy = 2(y − t)/N, N = y.size (B·T·d).
+    ``reduction="half_sum"`` (seeds 000/001): L = ½‖y − t‖², dL/dy = y − t.
+    ``reduction="sum"``: L = ‖y − t‖², dL/dy = 2(y − t).
+    Shapes: ``y, target: (...)`` the same  ->  ``(loss: float, dy: like y)``.
+    """
+    float_array("y", y)
+    float_array("target", target)
+    if y.shape != target.shape:
+        raise ValueError(f"target: expected shape {y.shape} (from y), got {target.shape}")
+    diff = y - target
+    sq = float(np.vdot(diff, diff))
+    if reduction == "mean":
+        loss, diff = sq / diff.size, diff * (2.0 / diff.size)
+    elif reduction == "half_sum":
+        loss = 0.5 * sq
+    elif reduction == "sum":
+        loss, diff = sq, diff * 2.0
+    else:
+        raise ValueError(f"reduction: expected 'mean', 'half_sum' or 'sum', got {reduction!r}")
+    if not np.isfinite(loss):
+        raise FloatingPointError(f"mse_loss: the loss is not finite ({loss}); y holds inf or NaN")
+    return loss, diff.astype(y.dtype, copy=False)
+
+
+def cross_entropy(logits, targets, ignore_index=None):
+    """L = (1/N) Σ_n −log p_{n, y_n},  p_n = softmax(z_n);  dL/dz_n = (p_n − onehot(y_n)) / N.
+
+    N counts the targets that are not ``ignore_index`` (padding): ignored positions add nothing to
+    the loss and get a zero gradient. Softmax and log are fused: log p = z − m − log Σ e^{z − m},
+    so logits of ±1e4 give a finite loss, and the gradient p − onehot never divides by a tiny p.
+    If every target is ignored, the loss is 0.0 and the gradient is zero.
+    Shapes: ``logits: (..., V)``, ``targets: (...)`` integers in [0, V)  ->  ``(loss: float, dlogits: like logits)``.
+    """
+    float_array("logits", logits, min_ndim=1)
+    int_array("targets", targets)
+    if targets.shape != logits.shape[:-1]:
+        raise ValueError(f"targets: expected shape {logits.shape[:-1]} (from logits {logits.shape}), "
+                         f"got {targets.shape}")
+    V = logits.shape[-1]
+    index_range("targets", targets, 0, V, ignore=ignore_index)
+    z = logits.reshape(-1, V)                            # (N, V)
+    t = targets.ravel()                                  # (N,)
+    valid = np.ones(t.shape, bool) if ignore_index is None else t != ignore_index
+    t_safe = np.where(valid, t, 0)
+    m = z.max(axis=1, keepdims=True)                     # (N, 1)
+    if not np.isfinite(m).all():
+        raise FloatingPointError("cross_entropy: logits hold inf or NaN")
+    p = z - m
+    rows = np.arange(z.shape[0])
+    z_t = p[rows, t_safe].astype(np.float64)             # z_y − m
+    np.exp(p, out=p)
+    total = p.sum(axis=1)                                # Σ e^{z − m} ≥ 1
+    n = int(valid.sum())
+    if n == 0:
+        return 0.0, np.zeros_like(logits)
+    nll = np.log(total.astype(np.float64)) - z_t         # −log p_y per row
+    loss = float(nll[valid].sum() / n)
+    p /= total[:, None]
+    p[rows, t_safe] -= 1
+    p *= (valid / n).astype(p.dtype)[:, None]
+    return loss, p.reshape(logits.shape)

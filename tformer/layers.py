@@ -1,0 +1,271 @@
+"""The ``Module`` base and the layers built from the kernels in ``tformer.functional``.
+
+A module holds ``params`` and ``grads``, two dicts with the same keys. ``forward(x)`` keeps what
+``backward(dy)`` needs (one cache, replaced on every call, so nothing grows between steps);
+``backward`` *accumulates* into ``grads`` (``+=``, as micrograd does: residual branches and shared
+weights then just work) and returns ``dx``. Only ``zero_grad()`` clears gradients.
+"""
+import math
+
+import numpy as np
+
+from . import functional as F
+from ._validate import float_array
+
+
+class Module:
+    """Base class: parameters, gradients, children, train/eval mode, state dicts."""
+
+    def __init__(self):
+        object.__setattr__(self, "params", {})
+        object.__setattr__(self, "grads", {})
+        object.__setattr__(self, "_children", {})
+        object.__setattr__(self, "training", True)
+
+    def __setattr__(self, name, value):
+        if isinstance(value, Module):
+            self._children[name] = value
+        object.__setattr__(self, name, value)
+
+    def add_param(self, name, value):
+        """Register ``value`` as parameter ``name`` with a zero gradient of the same shape and dtype."""
+        value = np.ascontiguousarray(value)
+        self.params[name] = value
+        self.grads[name] = np.zeros_like(value)
+        return value
+
+    def named_parameters(self, prefix=""):
+        """Yield ``(qualified_name, param, grad)`` for this module's parameters, then its children's."""
+        for name, p in self.params.items():
+            yield prefix + name, p, self.grads[name]
+        for cname, child in self._children.items():
+            yield from child.named_parameters(f"{prefix}{cname}.")
+
+    def num_parameters(self):
+        """Total number of scalar parameters."""
+        return sum(p.size for _, p, _ in self.named_parameters())
+
+    def zero_grad(self):
+        """Set every gradient to zero, in place."""
+        for _, _, g in self.named_parameters():
+            g.fill(0)
+
+    def train(self, mode=True):
+        """Training mode (dropout active) for this module and all children."""
+        object.__setattr__(self, "training", bool(mode))
+        for child in self._children.values():
+            child.train(mode)
+        return self
+
+    def eval(self):
+        """Evaluation mode (dropout off)."""
+        return self.train(False)
+
+    def state_dict(self):
+        """``{qualified_name: copy of the parameter}``."""
+        return {name: p.copy() for name, p, _ in self.named_parameters()}
+
+    def load_state_dict(self, state):
+        """Copy parameters in from ``state`` (in place, so optimizers keep their references).
+
+        Raises ValueError naming the parameter on a missing or unexpected key or a shape mismatch.
+        """
+        own = {name: p for name, p, _ in self.named_parameters()}
+        missing = sorted(set(own) - set(state))
+        unexpected = sorted(set(state) - set(own))
+        if missing or unexpected:
+            raise ValueError(f"state: missing keys {missing}, unexpected keys {unexpected}")
+        for name, p in own.items():
+            value = np.asarray(state[name])
+            if value.shape != p.shape:
+                raise ValueError(f"state[{name!r}]: expected shape {p.shape}, got {value.shape}")
+            np.copyto(p, value.astype(p.dtype, copy=False))
+        return self
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+
+class ModuleList(Module):
+    """An indexable list of child modules named ``0``, ``1``, ..."""
+
+    def __init__(self, modules):
+        super().__init__()
+        self._items = list(modules)
+        for i, m in enumerate(self._items):
+            self._children[str(i)] = m
+
+    def __iter__(self):
+        return iter(self._items)
+
+    def __len__(self):
+        return len(self._items)
+
+    def __getitem__(self, i):
+        return self._items[i]
+
+
+def _rng(rng, seed):
+    return rng if isinstance(rng, np.random.Generator) else np.random.default_rng(seed)
+
+
+class Linear(Module):
+    """Y = X W + b with ``W: (d_in, d_out)``, ``b: (d_out,)``.
+
+    Initialisation: ``W ~ N(0, init_std²)`` when ``init_std`` is given (GPT-2 uses 0.02), else
+    PyTorch's ``U(−1/√d_in, 1/√d_in)``; ``b = 0``.
+    """
+
+    def __init__(self, d_in, d_out, bias=True, rng=None, dtype=np.float32, init_std=None, seed=0):
+        super().__init__()
+        rng = _rng(rng, seed)
+        if init_std is None:
+            bound = 1.0 / math.sqrt(d_in)
+            W = rng.uniform(-bound, bound, (d_in, d_out))
+        else:
+            W = rng.normal(0.0, init_std, (d_in, d_out))
+        self.W = self.add_param("W", W.astype(dtype))
+        self.b = self.add_param("b", np.zeros(d_out, dtype)) if bias else None
+        self._cache = None
+
+    def forward(self, x):
+        """x: (..., d_in) -> (..., d_out)."""
+        y, self._cache = F.linear_forward(x, self.W, self.b)
+        return y
+
+    def backward(self, dy):
+        """dy: (..., d_out) -> dx: (..., d_in); accumulates dW (and db)."""
+        dx, dW, db = F.linear_backward(dy, self._cache)
+        self.grads["W"] += dW
+        if db is not None:
+            self.grads["b"] += db
+        return dx
+
+
+class Embedding(Module):
+    """E = W[tokens] with ``W: (V, C)`` drawn from ``N(0, init_std²)``."""
+
+    def __init__(self, V, C, rng=None, dtype=np.float32, init_std=1.0, seed=0):
+        super().__init__()
+        rng = _rng(rng, seed)
+        self.W = self.add_param("W", rng.normal(0.0, init_std, (V, C)).astype(dtype))
+        self._cache = None
+
+    def forward(self, tokens):
+        """tokens: (B, T) ints -> (B, T, C)."""
+        E, self._cache = F.embedding_forward(tokens, self.W)
+        return E
+
+    def backward(self, dE):
+        """Accumulates dW; tokens have no gradient, so this returns None."""
+        self.grads["W"] += F.embedding_backward(dE, self._cache)
+        return None
+
+
+class LayerNorm(Module):
+    """y = γ ⊙ (x − μ)·rstd + β over the last axis; ``gamma = 1``, ``beta = 0`` at init."""
+
+    def __init__(self, C, eps=1e-5, dtype=np.float32):
+        super().__init__()
+        self.eps = eps
+        self.gamma = self.add_param("gamma", np.ones(C, dtype))
+        self.beta = self.add_param("beta", np.zeros(C, dtype))
+        self._cache = None
+
+    def forward(self, x):
+        y, self._cache = F.layernorm_forward(x, self.gamma, self.beta, self.eps)
+        return y
+
+    def backward(self, dy):
+        dx, dgamma, dbeta = F.layernorm_backward(dy, self._cache)
+        self.grads["gamma"] += dgamma
+        self.grads["beta"] += dbeta
+        return dx
+
+
+class Dropout(Module):
+    """Inverted dropout with drop probability ``p``; the identity in eval mode."""
+
+    def __init__(self, p, rng=None, seed=0):
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"p: expected a drop probability in [0, 1), got {p}")
+        self.p = p
+        self.rng = _rng(rng, seed)
+        self._cache = None
+
+    def forward(self, x):
+        y, self._cache = F.dropout_forward(x, self.p, self.rng, self.training)
+        return y
+
+    def backward(self, dy):
+        return F.dropout_backward(dy, self._cache)
+
+
+class Activation(Module):
+    """An elementwise activation by name: ``relu``, ``gelu`` (tanh form), ``gelu_exact``, ``swish``, ``sigmoid``."""
+
+    KERNELS = {
+        "relu": (F.relu_forward, F.relu_backward, {}),
+        "gelu": (F.gelu_forward, F.gelu_backward, {"approximate": "tanh"}),
+        "gelu_exact": (F.gelu_forward, F.gelu_backward, {"approximate": "none"}),
+        "swish": (F.swish_forward, F.swish_backward, {}),
+        "sigmoid": (F.sigmoid_forward, F.sigmoid_backward, {}),
+    }
+
+    def __init__(self, name):
+        super().__init__()
+        if name not in self.KERNELS:
+            raise ValueError(f"name: expected one of {sorted(self.KERNELS)}, got {name!r}")
+        self.name = name
+        self._fwd, self._bwd, self._kw = self.KERNELS[name]
+        self._cache = None
+
+    def forward(self, x):
+        y, self._cache = self._fwd(x, **self._kw)
+        return y
+
+    def backward(self, dy):
+        return self._bwd(dy, self._cache)
+
+
+class FeedForward(Module):
+    """FFN(x) = act(x W_1 + b_1) W_2 + b_2, with optional dropout after the activation.
+
+    ``x: (B, T, C)`` -> ``(B, T, C)``; hidden width ``d_ff``. Seed 000: swish, no biases; seeds
+    002/003: ReLU with biases; seed 004: GELU with biases.
+    """
+
+    def __init__(self, d_model, d_ff, activation="relu", bias=True, dropout=0.0, rng=None,
+                 dtype=np.float32, init_std=None, seed=0):
+        super().__init__()
+        rng = _rng(rng, seed)
+        self.fc1 = Linear(d_model, d_ff, bias, rng, dtype, init_std)
+        self.act = Activation(activation)
+        self.drop = Dropout(dropout, rng)
+        self.fc2 = Linear(d_ff, d_model, bias, rng, dtype, init_std)
+
+    def forward(self, x):
+        return self.fc2(self.drop(self.act(self.fc1(x))))
+
+    def backward(self, dy):
+        return self.fc1.backward(self.act.backward(self.drop.backward(self.fc2.backward(dy))))
+
+
+class SinusoidalPositions(Module):
+    """X + PE[:T] with the fixed table of ``F.sinusoidal_positions``: no parameters, identity backward."""
+
+    def __init__(self, max_len, C, dtype=np.float32):
+        super().__init__()
+        self.pe = F.sinusoidal_positions(max_len, C, dtype)     # (max_len, C), a buffer
+
+    def forward(self, x, offset=0):
+        """x: (B, T, C) -> (B, T, C); positions ``offset .. offset+T-1``."""
+        float_array("x", x, ndim=3)
+        T = x.shape[1]
+        if offset + T > self.pe.shape[0]:
+            raise ValueError(f"x: {offset + T} positions exceed max_len = {self.pe.shape[0]}")
+        return x + self.pe[offset:offset + T]
+
+    def backward(self, dy):
+        return dy

@@ -1,0 +1,87 @@
+"""The one training loop: accumulation, clipping, schedules, evaluation, checkpoints, NaN guard.
+
+Every source system trains through ``train``. What differs between them is passed in:
+``batch(step) -> batch`` (a pure function of the step, so a resumed run sees the same data) and
+``forward_loss(model, batch) -> (loss, dout)``, which runs the forward pass and the loss and
+returns the gradient of the loss with respect to the model's output. ``train`` then calls
+``model.backward(dout / accum_steps)`` for each micro-batch and ``optimizer.step()``.
+"""
+import math
+import os
+import time
+
+import numpy as np
+
+from .checkpoint import save_checkpoint
+from .optim import clip_grad_norm
+from .progress import progress
+
+NO_CLIP = float(np.finfo(np.float64).max)
+
+
+class NonFiniteLossError(FloatingPointError):
+    """Raised when the loss (or the gradient norm) stops being finite; names the step and the last good checkpoint."""
+
+
+def train(model, optimizer, batch, forward_loss, steps, *, start_step=0, accum_steps=1,
+          clip_norm=None, lr_schedule=None, evaluate=None, eval_every=0, checkpoint_path=None,
+          checkpoint_every=0, config=None, progress_bar=None, desc="train", log_every=1):
+    """Train ``model`` for steps ``start_step+1 .. steps``; returns the history dict.
+
+    - ``accum_steps = k``: the gradient of one update is the mean over ``k`` micro-batches
+      ``batch(step * k + i)``, which equals one batch ``k`` times larger when the loss is a mean.
+    - ``clip_norm``: gradients are scaled so that their global norm is at most this; the norm
+      before clipping is logged as ``grad_norm`` either way.
+    - ``lr_schedule(step) -> lr`` sets ``optimizer.lr`` before each update.
+    - ``evaluate(model) -> dict`` runs every ``eval_every`` steps and at the end (model in eval
+      mode for the call, back to train mode after).
+    - ``checkpoint_path``: written atomically every ``checkpoint_every`` steps and at the end.
+    - A non-finite loss or gradient norm raises ``NonFiniteLossError`` before the update, so the
+      parameters and the last checkpoint on disk stay those of the last good step.
+    History: lists ``step``, ``loss``, ``lr``, ``grad_norm``, ``time``, and ``eval`` (a list of
+    ``(step, metrics)`` pairs).
+    """
+    if accum_steps < 1:
+        raise ValueError(f"accum_steps: expected an integer ≥ 1, got {accum_steps}")
+    if steps < start_step:
+        raise ValueError(f"steps: expected at least start_step = {start_step}, got {steps}")
+    hist = {"step": [], "loss": [], "lr": [], "grad_norm": [], "time": [], "eval": []}
+    last_good = None
+    t0 = time.perf_counter()
+    model.train()
+    bar = progress(range(start_step + 1, steps + 1), enabled=progress_bar, desc=desc)
+    for step in bar:
+        if lr_schedule is not None:
+            optimizer.lr = lr_schedule(step)
+        model.zero_grad()
+        loss = 0.0
+        for i in range(accum_steps):
+            l, dout = forward_loss(model, batch((step - 1) * accum_steps + i))
+            if not math.isfinite(l):
+                where = f"; the last good checkpoint is {last_good}" if last_good else ""
+                raise NonFiniteLossError(f"step {step}: the loss is {l}; training stopped before "
+                                         f"the update{where}")
+            loss += l / accum_steps
+            model.backward(dout / accum_steps if accum_steps > 1 else dout)
+        norm = clip_grad_norm(model, clip_norm or NO_CLIP)       # scales only if finite and too big
+        if not math.isfinite(norm):
+            where = f"; the last good checkpoint is {last_good}" if last_good else ""
+            raise NonFiniteLossError(f"step {step}: the gradient norm is {norm}; training stopped "
+                                     f"before the update{where}")
+        optimizer.step()
+        if step % log_every == 0 or step == steps:
+            hist["step"].append(step)
+            hist["loss"].append(loss)
+            hist["lr"].append(float(getattr(optimizer, "lr", float("nan"))))
+            hist["grad_norm"].append(norm)
+            hist["time"].append(time.perf_counter() - t0)
+        if evaluate is not None and ((eval_every and step % eval_every == 0) or step == steps):
+            model.eval()
+            hist["eval"].append((step, evaluate(model)))
+            model.train()
+        if checkpoint_path and ((checkpoint_every and step % checkpoint_every == 0) or step == steps):
+            save_checkpoint(checkpoint_path, model, optimizer, config, step)
+            last_good = os.fspath(checkpoint_path)
+        if hasattr(bar, "set_postfix") and not bar.disable:
+            bar.set_postfix(loss=f"{loss:.4g}")
+    return hist
