@@ -56,11 +56,16 @@ def train(model, optimizer, batch, forward_loss, steps, *, start_step=0, accum_s
         model.zero_grad()
         loss = 0.0
         for i in range(accum_steps):
-            l, dout = forward_loss(model, batch((step - 1) * accum_steps + i))
+            try:
+                l, dout = forward_loss(model, batch((step - 1) * accum_steps + i))
+            except FloatingPointError as e:        # a loss kernel refusing inf/NaN input
+                l, cause = float("nan"), e
+            else:
+                cause = None
             if not math.isfinite(l):
                 where = f"; the last good checkpoint is {last_good}" if last_good else ""
                 raise NonFiniteLossError(f"step {step}: the loss is {l}; training stopped before "
-                                         f"the update{where}")
+                                         f"the update{where}") from cause
             loss += l / accum_steps
             model.backward(dout / accum_steps if accum_steps > 1 else dout)
         norm = clip_grad_norm(model, clip_norm or NO_CLIP)       # scales only if finite and too big
