@@ -21,7 +21,7 @@ def _as_tuple(grads):
 
 
 def rel_error(a, b, floor=0.0):
-    """max |a − b| / max(max |a|, max |b|, floor, tiny)."""
+    """``max |a − b| / max(max |a|, max |b|, floor, tiny)``."""
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
     scale = max(np.abs(a).max(initial=0.0), np.abs(b).max(initial=0.0), floor, TINY)

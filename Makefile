@@ -1,0 +1,167 @@
+# tformer: build the book, test everything, run the five systems.
+#
+# Every target except help and clean first makes sure that the virtual environment .venv exists
+# and holds the exact pins of requirements.txt (which installs tformer itself in editable mode).
+# On a fresh machine with Python 3.11 and make, `make book` and `make test` do all of the setup.
+#
+#   make book        build the site into _build/html (any warning fails the build)
+#   make test        test-unit, test-nbval and book, then each stage's result and time
+#   make test-unit   pytest tests (unit tests and the notebook hygiene check)
+#   make test-nbval  nbval: re-run every notebook and compare with its stored outputs
+#   make execute     re-execute every notebook in place, in a fresh kernel (NB=path for one)
+#   make serve       serve _build/html on http://127.0.0.1:8000 (PORT=...)
+#   make lab         JupyterLab on port 8888 (LAB_PORT=..., LAB_FLAGS=--no-browser), installed
+#                    on first use from requirements-lab.txt
+#   make torch       install the optional PyTorch CPU build (requirements-torch.txt)
+#   make run         run each source system: python -m tformer run SYSTEM (SYSTEMS="...")
+#   make bench       python benchmarks/run.py
+#   make clean       remove _build and caches (keeps .venv)
+
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+.DELETE_ON_ERROR:
+MAKEFLAGS += --no-builtin-rules
+
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+LAB_STAMP := $(VENV)/.lab-installed
+SYSTEM_PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3 2>/dev/null)
+
+PORT ?= 8000
+LAB_PORT ?= 8888
+LAB_FLAGS ?=
+SYSTEMS ?= attention transformer2 encoder transformer tinygpt
+NB ?= $(sort $(shell find notebooks -name '*.ipynb' -not -path '*/.ipynb_checkpoints/*' 2>/dev/null))
+
+RUN_NB := env -u MPLBACKEND
+JB_BUILD := $(RUN_NB) $(BIN)/jupyter-book build . --all -W --keep-going
+NBVAL := $(RUN_NB) $(BIN)/python -m pytest --nbval notebooks --nbval-current-env \
+	--nbval-sanitize-with .nbval-sanitize.cfg -p no:cacheprovider
+
+# The environment under which notebooks are executed and checked: one BLAS thread (so floats do not
+# depend on the core count), no progress bars, a fixed hash seed, and the venv's own kernel.
+# MPLBACKEND is removed (RUN_NB) so that the kernel picks its inline backend and stores the figures.
+NOTEBOOK_TARGETS := test test-unit test-nbval book execute lab
+$(NOTEBOOK_TARGETS): export OPENBLAS_NUM_THREADS := 1
+$(NOTEBOOK_TARGETS): export OMP_NUM_THREADS := 1
+$(NOTEBOOK_TARGETS): export MKL_NUM_THREADS := 1
+$(NOTEBOOK_TARGETS): export TFORMER_PROGRESS := 0
+$(NOTEBOOK_TARGETS): export PYTHONHASHSEED := 0
+$(NOTEBOOK_TARGETS): export JUPYTER_PREFER_ENV_PATH := 1
+$(NOTEBOOK_TARGETS): export PATH := $(CURDIR)/$(BIN):$(PATH)
+
+.PHONY: help venv book test test-unit test-nbval execute serve lab torch run bench clean
+
+help:
+	@sed -n '3,18p' Makefile | sed 's/^# \{0,1\}//'
+
+# --- environment -------------------------------------------------------------------------------
+
+$(STAMP): requirements.txt pyproject.toml
+	@if [ ! -x $(BIN)/python ]; then \
+	  if [ -z "$(SYSTEM_PYTHON)" ]; then echo "error: neither python3.11 nor python3 is on PATH" >&2; exit 1; fi; \
+	  echo "creating $(VENV) with $(SYSTEM_PYTHON) ($$($(SYSTEM_PYTHON) --version))"; \
+	  $(SYSTEM_PYTHON) -m venv $(VENV); \
+	fi
+	$(BIN)/pip install -r requirements.txt
+	@touch $@
+
+venv: $(STAMP)
+
+$(LAB_STAMP): requirements-lab.txt $(STAMP)
+	$(BIN)/pip install -r requirements-lab.txt
+	@touch $@
+
+# --- the book ----------------------------------------------------------------------------------
+
+book: $(STAMP)
+	$(JB_BUILD)
+	@echo "book: $(CURDIR)/_build/html/index.html"
+
+serve: $(STAMP)
+	@if [ ! -f _build/html/index.html ]; then $(MAKE) --no-print-directory book; fi
+	@echo "serving http://127.0.0.1:$(PORT)/ (Ctrl-C to stop)"
+	$(BIN)/python -m http.server $(PORT) --bind 127.0.0.1 --directory _build/html
+
+# --- tests -------------------------------------------------------------------------------------
+
+test-unit: $(STAMP)
+	$(RUN_NB) $(BIN)/python -m pytest tests -p no:cacheprovider
+
+test-nbval: $(STAMP)
+	$(NBVAL)
+
+# Runs every stage even when one fails, then prints each stage's result and wall-clock time.
+test: $(STAMP)
+	@failed=0; report=""; \
+	for stage in test-unit test-nbval book; do \
+	  echo; echo "=== make $$stage"; \
+	  start=$$(date +%s); \
+	  if $(MAKE) --no-print-directory $$stage; then status=ok; else status=FAILED; failed=1; fi; \
+	  report="$$report$$(printf '  %-11s %-7s %5ss' $$stage $$status $$(( $$(date +%s) - start )))\n"; \
+	done; \
+	echo; echo "=== summary (wall-clock)"; printf "$$report"; \
+	exit $$failed
+
+# --- notebooks ---------------------------------------------------------------------------------
+
+# Each notebook runs top to bottom in its own fresh kernel (the venv's `python3`), with the notebook's
+# folder as working directory, exactly as nbval runs it. This is nbconvert's --execute --inplace,
+# written against nbclient (the library under nbconvert's ExecutePreprocessor) so that it can also
+# drop the per-cell timing metadata: re-executing an unchanged notebook then leaves no diff beyond
+# its outputs. A failing cell stops the run and leaves that notebook's file untouched.
+define EXECUTE_PY
+import sys, time
+from pathlib import Path
+import nbformat
+from nbclient import NotebookClient
+from nbformat.corpus.words import generate_corpus_id
+for name in sys.argv[1:]:
+    path, start = Path(name), time.perf_counter()
+    print(f"executing {path} ...", end=" ", flush=True)
+    nb = nbformat.read(path, as_version=4)
+    nb.nbformat_minor = max(nb.nbformat_minor, 5)  # nbformat 4.5 gives every cell an id
+    for cell in nb.cells:
+        cell.setdefault("id", generate_corpus_id())
+        cell.metadata.pop("execution", None)
+    NotebookClient(nb, timeout=600, kernel_name="python3", record_timing=False,
+                   resources={"metadata": {"path": str(path.parent.resolve())}}).execute()
+    nbformat.write(nb, path)
+    print(f"{time.perf_counter() - start:.1f}s", flush=True)
+endef
+export EXECUTE_PY
+
+execute: $(STAMP)
+	@if [ -z "$(strip $(NB))" ]; then echo "no notebooks to execute" >&2; exit 1; fi
+	$(RUN_NB) $(BIN)/python -c "$$EXECUTE_PY" $(NB)
+
+lab: $(LAB_STAMP)
+	$(RUN_NB) $(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) \
+	  --ServerApp.root_dir=$(CURDIR) $$([ "$$(id -u)" = 0 ] && echo --allow-root) $(LAB_FLAGS)
+
+# --- optional extras ---------------------------------------------------------------------------
+
+torch: $(STAMP)
+	$(BIN)/pip install -r requirements-torch.txt
+
+run: $(STAMP)
+	@failed=""; \
+	for s in $(SYSTEMS); do \
+	  if ! $(BIN)/python -m tformer run $$s --help >/dev/null 2>&1; then \
+	    echo "=== $$s: skipped (\`python -m tformer run $$s --help\` fails: not implemented yet?)"; \
+	    continue; \
+	  fi; \
+	  echo "=== $$s"; \
+	  $(BIN)/python -m tformer run $$s || failed="$$failed $$s"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "failed:$$failed" >&2; exit 1; fi
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/run.py
+
+clean:
+	rm -rf _build .pytest_cache .ruff_cache
+	find . -path ./$(VENV) -prune -o \( -name __pycache__ -o -name .ipynb_checkpoints \) -type d -print0 \
+	  | xargs -0 rm -rf
