@@ -47,7 +47,7 @@ def noam_lr(step, d_model, warmup):
 
 
 def cosine_with_warmup(step, max_lr, warmup, total, min_lr=0.0):
-    r"""Linear warmup, then cosine decay.
+    r"""Linear warmup, then cosine decay::
 
         lr(s) = max_lr · s / warmup                                    for 0 <= s < warmup
         lr(s) = min_lr + ½(max_lr − min_lr)(1 + cos(π (s − warmup) / (total − warmup)))

@@ -29,7 +29,7 @@ def train(model, optimizer, batch, forward_loss, steps, *, start_step=0, accum_s
     """Train ``model`` for steps ``start_step+1 .. steps``; returns the history dict.
 
     - ``accum_steps = k``: the gradient of one update is the mean over ``k`` micro-batches
-      ``batch(step * k + i)``, which equals one batch ``k`` times larger when the loss is a mean.
+      ``batch((step − 1)·k + i)``, which equals one batch ``k`` times larger when the loss is a mean.
     - ``clip_norm``: gradients are scaled so that their global norm is at most this; the norm
       before clipping is logged as ``grad_norm`` either way.
     - ``lr_schedule(step) -> lr`` sets ``optimizer.lr`` before each update.
@@ -38,6 +38,7 @@ def train(model, optimizer, batch, forward_loss, steps, *, start_step=0, accum_s
     - ``checkpoint_path``: written atomically every ``checkpoint_every`` steps and at the end.
     - A non-finite loss or gradient norm raises ``NonFiniteLossError`` before the update, so the
       parameters and the last checkpoint on disk stay those of the last good step.
+
     History: lists ``step``, ``loss``, ``lr``, ``grad_norm``, ``time``, and ``eval`` (a list of
     ``(step, metrics)`` pairs).
     """
