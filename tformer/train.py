@@ -89,5 +89,5 @@ def train(model, optimizer, batch, forward_loss, steps, *, start_step=0, accum_s
             save_checkpoint(checkpoint_path, model, optimizer, config, step)
             last_good = os.fspath(checkpoint_path)
         if hasattr(bar, "set_postfix") and not bar.disable:
-            bar.set_postfix(loss=f"{loss:.4g}")
+            bar.set_postfix(loss=f"{loss:.4g}", refresh=False)
     return hist

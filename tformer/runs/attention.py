@@ -1,0 +1,97 @@
+"""``python -m tformer run attention``: seed 001's single attention layer on the copy-max task.
+
+Trains ``AttentionLayer`` with L = ½‖Y − Y_true‖² and AdamW (ε inside the square root) through
+``tformer.train.train``, then prints the final training loss and the held-out loss and accuracy
+(the share of output rows whose nearest input row is the one with the largest first feature).
+``add_common_arguments`` and ``fit`` are shared with ``python -m tformer run transformer2``.
+"""
+import time
+
+import numpy as np
+
+from ..data.copy_max import copy_max_batch, evaluate, half_sum_loss, held_out
+from ..models.attention_layer import AttentionLayer
+from ..optim import AdamW
+from ..train import train
+
+DEFAULTS = dict(d_model=16, seq_len=8, batch_size=32, steps=3000, lr=3e-3)
+
+
+def add_common_arguments(parser, defaults):
+    """The flags both seed-000 and seed-001 runs take: sizes, steps, optimizer, seed, evaluation."""
+    g = parser.add_argument_group("sizes")
+    g.add_argument("--d-model", type=int, default=defaults["d_model"],
+                   help="features per position, d (the inputs' width and the model's)")
+    g.add_argument("--seq-len", type=int, default=defaults["seq_len"], help="positions per sequence, T")
+    g.add_argument("--batch-size", type=int, default=defaults["batch_size"],
+                   help="sequences per training batch, B")
+    g = parser.add_argument_group("training")
+    g.add_argument("--steps", type=int, default=defaults["steps"], help="AdamW steps (one batch each)")
+    g.add_argument("--lr", type=float, default=defaults["lr"], help="learning rate η")
+    g.add_argument("--weight-decay", type=float, default=0.01, help="AdamW's λ: W ← (1 − λη) W − …")
+    g.add_argument("--eps", type=float, default=1e-8, help="AdamW's ε, inside the square root")
+    g.add_argument("--seed", type=int, default=0, help="seeds the initial weights and every batch")
+    g = parser.add_argument_group("evaluation and output")
+    g.add_argument("--eval-batches", type=int, default=16,
+                   help="held-out batches of 64 sequences each (never used for training)")
+    g.add_argument("--eval-every", type=int, default=0,
+                   help="also evaluate every N steps and print it (0: only at the end)")
+    g.add_argument("--checkpoint", default=None, metavar="PATH",
+                   help="save model + optimizer + config here at the end (.npz)")
+
+
+def add_arguments(parser):
+    add_common_arguments(parser, DEFAULTS)
+
+
+def fit(model, args, make_batch, held, name):
+    """Train ``model`` on batches ``make_batch(i, ...)`` with the flags in ``args``; print and return
+    ``(history, final held-out metrics)``."""
+    for flag in ("d_model", "seq_len", "batch_size", "steps", "eval_batches"):
+        if getattr(args, flag) < 1:
+            raise SystemExit(f"--{flag.replace('_', '-')}: expected a positive integer, "
+                             f"got {getattr(args, flag)}")
+    opt = AdamW(model, lr=args.lr, weight_decay=args.weight_decay, eps=args.eps, eps_inside_sqrt=True)
+
+    def batch(i):
+        return make_batch(i, batch_size=args.batch_size, seq_len=args.seq_len, d_model=args.d_model,
+                          seed=args.seed)
+
+    def report(model):
+        return evaluate(model, held)
+
+    print(f"{name}: {model.num_parameters()} parameters, {model.config}; "
+          f"B={args.batch_size} T={args.seq_len} steps={args.steps} lr={args.lr:g} "
+          f"weight_decay={args.weight_decay:g}", flush=True)
+    t0 = time.perf_counter()
+    hist = train(model, opt, batch, half_sum_loss, args.steps, evaluate=report,
+                 eval_every=args.eval_every, checkpoint_path=args.checkpoint,
+                 config=dict(model.config, **_run_config(args)), desc=name)
+    wall = time.perf_counter() - t0
+    if args.eval_every:
+        for step, m in hist["eval"]:
+            print(f"  step {step:6d}: held-out loss {m['loss']:.4f}, accuracy {m['accuracy']:.2%}")
+    final = hist["eval"][-1][1]
+    n_held = sum(x.shape[0] for x, _ in held)
+    last = hist["loss"][-100:]
+    train_loss = float(np.mean(last))
+    print(f"final training loss (½‖Y − Y_true‖² of a batch, mean of the last {len(last)} steps): "
+          f"{train_loss:.4f} per batch of {args.batch_size}, {train_loss / args.batch_size:.4f} per sequence")
+    print(f"held-out loss (½‖Y − Y_true‖² per sequence, {n_held} sequences): {final['loss']:.4f}")
+    print(f"held-out accuracy: {final['accuracy']:.2%} of output rows nearest the right input row, "
+          f"{final['seq_accuracy']:.2%} of sequences right at every position")
+    print(f"wall time: {wall:.1f} s")
+    final = dict(final, train_loss=train_loss, wall_s=wall)
+    return hist, final
+
+
+def _run_config(args):
+    return {k: getattr(args, k) for k in ("seq_len", "batch_size", "lr", "weight_decay", "eps")}
+
+
+def main(args):
+    model = AttentionLayer(d_model=args.d_model, seed=args.seed)
+    held = held_out(args.eval_batches, batch_size=64, seq_len=args.seq_len, d_model=args.d_model,
+                    seed=args.seed)
+    fit(model, args, copy_max_batch, held, "attention")
+    return 0
