@@ -99,7 +99,8 @@ def check_module(module, x, seed=0, h=1e-6, max_entries=None, check_input=True, 
     ``loss``, ``loss(y) -> (L, dy)`` supplies both the scalar and its gradient), and compares
     each ``grads[name]`` with the numeric derivative of ``⟨g, forward(x)⟩``. ``dx`` is checked when
     ``x`` is a float array and ``check_input`` is true. The module must be deterministic
-    (dropout off: ``module.eval()`` or p = 0) and in float64.
+    (dropout off: ``module.eval()`` or p = 0) and in float64. ``x`` is perturbed in place, so a
+    ``loss`` whose target is ``x`` itself (reconstruction) must hold a copy of it.
     Returns a dict ``{name: relative error}``; ``max(d.values())`` is the headline number.
     """
     rng = np.random.default_rng(seed)
