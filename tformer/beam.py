@@ -1,0 +1,177 @@
+"""Beam search with a length penalty, and the exhaustive search that checks it on tiny vocabularies.
+
+A hypothesis y = (y_1 … y_L) after the prompt x has the log-probability
+s(y) = Σ_t log p(y_t | x, y_<t). Beam search keeps the ``beam_width`` best partial hypotheses by
+s; a hypothesis is *finished* when it emits ``stop_token`` or reaches ``max_new_tokens`` tokens,
+and finished ones are compared by the length-normalised score of GNMT (Wu et al., 2016, eq. 14):
+
+    score(y) = s(y) / lp(L),    lp(L) = ((5 + L) / 6)^α,    L = generated tokens, stop included.
+
+α = 0 gives the plain sum of log-probabilities (which favours short outputs); α > 0 divides a
+negative sum by a number that grows with L, so longer hypotheses are penalised less.
+
+Shapes follow ``tformer.generate.greedy``: ``prompt: (B, T0)`` ints -> ``(B, T0 + L_max)``, each
+row followed by ``stop_token`` after it stops, so that ``beam_width=1`` and ``greedy`` return
+equal arrays. All B prompts are searched at once, as B·k rows of one forward pass.
+"""
+import itertools
+
+import numpy as np
+
+from ._validate import int_array
+
+
+def gnmt_penalty(length, alpha):
+    """lp(L) = ((5 + L) / 6)^α (GNMT, the divisor of the ``length_penalty=α`` argument); lp(1) = 1."""
+    return ((5.0 + np.asarray(length, dtype=np.float64)) / 6.0) ** alpha
+
+
+def log_softmax(z):
+    """log p = z − m − log Σ e^{z − m} over the last axis, in float64 (scores are summed over steps)."""
+    z = np.asarray(z, dtype=np.float64)
+    z = z - z.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+def _check(prompt, beam_width, max_new_tokens, alpha):
+    int_array("prompt", prompt, ndim=2)
+    if isinstance(beam_width, bool) or not isinstance(beam_width, (int, np.integer)) or beam_width < 1:
+        raise ValueError(f"beam_width: expected an integer ≥ 1, got {beam_width!r}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) \
+            or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens: expected an integer ≥ 1, got {max_new_tokens!r}")
+    if not (np.isfinite(alpha) and alpha >= 0):
+        raise ValueError(f"length_penalty: expected a finite α ≥ 0, got {alpha!r}")
+
+
+def beam_search(model, prompt, beam_width, max_new_tokens, length_penalty=0.0, stop_token=None,
+                return_scores=False):
+    """The best continuation of each prompt under score(y) = s(y) / lp(L) (see the module docstring).
+
+    Each step scores the k·V extensions of the k live hypotheses by s and keeps the best k (ties
+    go to the lower beam, then the lower token id, as ``argmax`` does). Extensions that end in
+    ``stop_token`` or reach ``max_new_tokens`` tokens leave the beam as finished hypotheses;
+    the search of a prompt ends when no live hypothesis can still beat its best finished one
+    (for α ≥ 0 a live s can only fall, and s / lp(L) ≤ s / lp(max_new_tokens)).
+    ``prompt: (B, T0)`` ints -> ``(B, T0 + L_max)`` ints; with ``return_scores`` also the (B,)
+    normalised scores. The model runs in eval mode; its mode is restored afterwards. Every step
+    recomputes the whole prefix (no KV cache), so T0 + max_new_tokens − 1 must fit the model.
+    """
+    alpha = float(length_penalty)
+    _check(prompt, beam_width, max_new_tokens, alpha)
+    B, T0 = prompt.shape
+    k, L = int(beam_width), int(max_new_tokens)
+    fill = stop_token if stop_token is not None else 0
+    seqs = np.repeat(prompt[:, None, :], k, axis=1)                      # (B, k, T0)
+    scores = np.full((B, k), -np.inf)
+    scores[:, 0] = 0.0                                                   # one live beam at first
+    best = np.full(B, -np.inf)
+    best_seq = np.full((B, T0 + L), fill, dtype=prompt.dtype)
+    best_seq[:, :T0] = prompt
+    best_len = np.zeros(B, dtype=np.int64)
+    was_training = model.training
+    model.eval()
+    try:
+        for t in range(1, L + 1):
+            logits = model.forward(seqs.reshape(B * k, -1))[:, -1]        # (B·k, V)
+            V = logits.shape[-1]
+            cand = scores[:, :, None] + log_softmax(logits).reshape(B, k, V)   # (B, k, V)
+            cand = cand.reshape(B, k * V)
+            order = np.argsort(-cand, axis=1, kind="stable")[:, :k]       # (B, k) best extensions
+            scores = np.take_along_axis(cand, order, axis=1)               # (B, k)
+            beam, tok = order // V, order % V                              # (B, k) each
+            seqs = np.concatenate([np.take_along_axis(seqs, beam[:, :, None], axis=1),
+                                   tok[:, :, None].astype(seqs.dtype)], axis=2)   # (B, k, T0 + t)
+            live = np.isfinite(scores)
+            done = live & ((tok == stop_token) if stop_token is not None else False)
+            if t == L:
+                done = live
+            norm = np.where(done, scores / float(gnmt_penalty(t, alpha)), -np.inf)    # (B, k)
+            j = norm.argmax(axis=1)                                        # (B,)
+            top = norm[np.arange(B), j]
+            better = top > best
+            best = np.where(better, top, best)
+            best_seq[better, :T0 + t] = seqs[better, j[better]]
+            best_seq[better, T0 + t:] = fill
+            best_len[better] = t
+            scores[done] = -np.inf                                         # finished: out of the beam
+            bound = scores.max(axis=1) / float(gnmt_penalty(L, alpha))   # (B,) best any live can reach
+            scores[best >= bound] = -np.inf                                # nothing left to gain
+            if not np.isfinite(scores).any():
+                break
+    finally:
+        model.train(was_training)
+    out = best_seq[:, :T0 + int(best_len.max())]
+    return (out, best) if return_scores else out
+
+
+def sequence_scores(model, prompt, continuations, length_penalty=0.0, stop_token=None):
+    """score(y) = s(y) / lp(L) of each continuation, cut after its first ``stop_token``.
+
+    ``prompt: (T0,)`` ints, ``continuations: (N, L)`` ints -> ``(scores (N,), lengths (N,))``;
+    one forward pass over all N sequences.
+    """
+    prompt = np.asarray(prompt)
+    N, L = continuations.shape
+    T0 = prompt.shape[0]
+    seqs = np.concatenate([np.broadcast_to(prompt, (N, T0)), continuations], axis=1)   # (N, T0 + L)
+    was_training = model.training
+    model.eval()
+    try:
+        logp = log_softmax(model.forward(seqs[:, :-1])[:, T0 - 1:])        # (N, L, V)
+    finally:
+        model.train(was_training)
+    step = np.take_along_axis(logp, continuations[:, :, None], axis=2)[:, :, 0]    # (N, L)
+    lengths = np.full(N, L)
+    if stop_token is not None:
+        is_stop = continuations == stop_token
+        lengths = np.where(is_stop.any(axis=1), is_stop.argmax(axis=1) + 1, L)
+    counted = np.arange(L)[None, :] < lengths[:, None]                    # (N, L)
+    s = np.where(counted, step, 0.0).sum(axis=1)
+    return s / gnmt_penalty(lengths, float(length_penalty)), lengths
+
+
+def exhaustive_search(model, prompt, max_new_tokens, length_penalty=0.0, stop_token=None):
+    """The exact maximiser of score(y) over all V^L continuations (tiny V and L only: tests).
+
+    ``prompt: (T0,)`` ints -> ``(tokens (T0 + L_best,), score)``. Continuations that share the part
+    before their first ``stop_token`` are the same hypothesis and score the same; the first in
+    lexicographic order is returned.
+    """
+    alpha = float(length_penalty)
+    prompt = np.asarray(prompt)
+    _check(prompt[None, :], 1, max_new_tokens, alpha)
+    V = model.vocab_size
+    if V ** max_new_tokens > 200_000:
+        raise ValueError(f"max_new_tokens: V^L = {V}^{max_new_tokens} continuations is too many")
+    conts = np.array(list(itertools.product(range(V), repeat=max_new_tokens)), dtype=prompt.dtype)
+    scores, lengths = sequence_scores(model, prompt, conts, alpha, stop_token)
+    i = int(np.argmax(scores))
+    return np.concatenate([prompt, conts[i, :lengths[i]]]), float(scores[i])
+
+
+class MarkovTable:
+    """A token "model" whose next-token log-probabilities depend on the last token only.
+
+    ``log_probs: (V, V)`` with row a = log p(· | last token a). ``forward(tokens: (B, T)) -> (B, T, V)``.
+    Small enough to work out by hand, so that a case where beam search beats greedy can be built
+    on purpose (see the chapter).
+    """
+
+    def __init__(self, log_probs):
+        self.table = np.asarray(log_probs, dtype=np.float64)
+        if self.table.ndim != 2 or self.table.shape[0] != self.table.shape[1]:
+            raise ValueError(f"log_probs: expected a square (V, V) table, got shape {self.table.shape}")
+        self.vocab_size = self.table.shape[0]
+        self.training = False
+
+    def forward(self, tokens):
+        int_array("tokens", tokens, ndim=2)
+        return self.table[tokens]                                          # (B, T, V)
+
+    def train(self, mode=True):
+        self.training = bool(mode)
+        return self
+
+    def eval(self):
+        return self.train(False)

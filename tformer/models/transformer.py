@@ -1,0 +1,115 @@
+"""Seed 002: the "complete" Transformer of the guide, a decoder-only language model (post-norm, ReLU).
+
+    X⁰ = Drop(E[tokens] · √C + PE[:T])               (B, T, C)   embedding, sinusoidal positions
+    Z  = LN(X + Drop(MHA(X; M)))                      (B, T, C)   } one post-norm block,
+    X' = LN(Z + Drop(FFN(Z))),  FFN(z) = max(0, z W₁ + b₁) W₂ + b₂  } n_layers times
+    logits = LN_f(Xᴺ) W_out + b_out                   (B, T, V)   final LayerNorm, vocabulary projection
+
+The mask M lets position i attend to key j only if j ≤ i (causal) and token j is not padding
+(``create_padding_mask(tokens, pad_idx)``): the two boolean masks are combined with AND inside
+each attention layer. The embedding is multiplied by √C, as in Vaswani et al. §3.4, and drawn
+from N(0, 1/C), so that E·√C has unit variance, the same scale as the positional table (the guide
+does not say; ``scale_embedding=False`` turns the factor off, with N(0, 1) entries instead).
+
+One generator, ``self.rng``, initialises every weight and drives every dropout layer, so that a
+checkpoint (which stores ``model.rng``'s state) resumes a run bit for bit.
+"""
+import numpy as np
+
+from .. import functional as F
+from .._validate import int_array
+from ..blocks import PostNormBlock
+from ..layers import Dropout, Embedding, LayerNorm, Linear, Module, ModuleList, SinusoidalPositions
+
+
+def parameter_count(vocab_size, d_model, n_layers, d_ff):
+    """P = 2VC + V  +  N·(4C² + 4C  +  2C·d_ff + d_ff + C  +  4C)  +  2C  (the heads H do not matter).
+
+    Embedding VC and projection CV + V (untied); per block the four attention projections with
+    biases, the two FFN layers with biases and two LayerNorms (γ, β); the final LayerNorm.
+    """
+    V, C, N, d = vocab_size, d_model, n_layers, d_ff
+    per_block = (4 * C * C + 4 * C) + (2 * C * d + d + C) + 4 * C
+    return V * C + N * per_block + 2 * C + (C * V + V)
+
+
+class Transformer(Module):
+    """logits = Transformer(tokens): ``tokens: (B, T)`` ints in [0, V) -> ``logits: (B, T, V)``.
+
+    Keyword arguments follow the guide: ``Transformer(vocab_size=10000, d_model=512, n_heads=8,
+    n_layers=6, d_ff=2048, max_len=5000, dropout=0.1)``. ``pad_idx`` is the padding token (its
+    keys are masked out; ``None`` for no padding mask). Children: ``embed``, ``pos``, ``drop``,
+    ``blocks`` (``PostNormBlock(causal=True)``), ``ln_f``, ``proj``.
+    """
+
+    def __init__(self, vocab_size, d_model=512, n_heads=8, n_layers=6, d_ff=2048, max_len=5000,
+                 dropout=0.1, seed=0, dtype=np.float32, pad_idx=0, scale_embedding=True):
+        super().__init__()
+        for name, value in (("vocab_size", vocab_size), ("d_model", d_model), ("n_heads", n_heads),
+                            ("n_layers", n_layers), ("d_ff", d_ff), ("max_len", max_len)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+        if d_model % n_heads or d_model % 2:
+            raise ValueError(f"d_model: expected an even multiple of n_heads = {n_heads}, got {d_model}")
+        if pad_idx is not None and not 0 <= pad_idx < vocab_size:
+            raise ValueError(f"pad_idx: expected None or an id in [0, {vocab_size}), got {pad_idx}")
+        self.config = dict(vocab_size=int(vocab_size), d_model=int(d_model), n_heads=int(n_heads),
+                           n_layers=int(n_layers), d_ff=int(d_ff), max_len=int(max_len),
+                           dropout=float(dropout), seed=int(seed), dtype=np.dtype(dtype).name,
+                           pad_idx=pad_idx, scale_embedding=bool(scale_embedding))
+        self.rng = np.random.default_rng(seed)
+        C = d_model
+        self.emb_scale = float(np.sqrt(C)) if scale_embedding else 1.0
+        self.embed = Embedding(vocab_size, C, self.rng, dtype, init_std=1.0 / self.emb_scale)
+        self.pos = SinusoidalPositions(max_len, C, dtype)
+        self.drop = Dropout(dropout, self.rng)
+        self.blocks = ModuleList(PostNormBlock(C, n_heads, d_ff, dropout=dropout, activation="relu",
+                                               bias=True, causal=True, rng=self.rng, dtype=dtype)
+                                 for _ in range(n_layers))
+        self.ln_f = LayerNorm(C, dtype=dtype)
+        self.proj = Linear(C, vocab_size, True, self.rng, dtype)
+        self.vocab_size, self.max_len, self.pad_idx = vocab_size, max_len, pad_idx
+
+    def forward(self, tokens, padding_mask=None):
+        """tokens: (B, T) -> logits (B, T, V).
+
+        ``padding_mask``: boolean, broadcastable to ``(B, 1, 1, T)``, True where a key may be
+        attended to; by default ``create_padding_mask(tokens, pad_idx)`` (no mask if pad_idx is None).
+        The causal mask is always applied on top of it.
+        """
+        int_array("tokens", tokens, ndim=2)
+        B, T = tokens.shape
+        if T > self.max_len:
+            raise ValueError(f"tokens: {T} positions exceed max_len = {self.max_len}")
+        if tokens.size and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
+            raise ValueError(f"tokens: expected ids in [0, {self.vocab_size}), "
+                             f"got min {tokens.min()} and max {tokens.max()}")
+        if padding_mask is None and self.pad_idx is not None:
+            padding_mask = F.create_padding_mask(tokens, self.pad_idx)          # (B, 1, 1, T)
+        if padding_mask is not None and (not isinstance(padding_mask, np.ndarray)
+                                         or padding_mask.dtype != bool):
+            raise TypeError(f"padding_mask: expected a boolean NumPy array, got "
+                            f"{getattr(padding_mask, 'dtype', type(padding_mask).__name__)}")
+        x = self.embed(tokens)                                                   # (B, T, C)
+        if self.emb_scale != 1.0:
+            x *= self.emb_scale                                                  # E · √C
+        x = self.drop(self.pos(x))                                               # (B, T, C)
+        for block in self.blocks:
+            x = block(x, padding_mask)                                           # (B, T, C)
+        return self.proj(self.ln_f(x))                                           # (B, T, V)
+
+    def backward(self, dlogits):
+        """dlogits: (B, T, V) -> None (tokens have no gradient); accumulates every parameter's gradient."""
+        dx = self.ln_f.backward(self.proj.backward(dlogits))                     # (B, T, C)
+        for block in reversed(self.blocks._items):
+            dx = block.backward(dx)
+        dx = self.pos.backward(self.drop.backward(dx))                           # PE is a constant
+        if self.emb_scale != 1.0:
+            dx = dx * self.emb_scale                                             # ∂(E·√C)/∂E = √C
+        self.embed.backward(dx)
+        return None
+
+    def count_parameters(self):
+        """``parameter_count`` of this configuration (equals ``num_parameters()``)."""
+        c = self.config
+        return parameter_count(c["vocab_size"], c["d_model"], c["n_layers"], c["d_ff"])
