@@ -1,33 +1,155 @@
-"""Decoding from token models: greedy (here); sampling and the KV-cache path are added beside it.
+"""Decoding from token models: greedy and sampling (temperature, top-k, top-p), with a KV cache.
 
-A token model is anything with ``forward(tokens: (B, T) ints) -> logits: (B, T, V)``.
+A token model is anything with ``forward(tokens: (B, T) ints) -> logits: (B, T, V)``. When it also
+has ``new_kv_caches(B)`` (TinyGPT), decoding runs the prompt once to fill one key/value cache per
+block and then feeds one new token per step: step ``t`` costs O(t) attention work instead of a full
+O(t²) recomputation, and the logits are the same (``tests/test_seed_004.py`` checks every step).
+
+Context longer than the model's ``max_len``: only the last ``max_len`` tokens are fed (the
+prompt is cropped on the left, as nanoGPT does). With learned positions, sliding the window moves
+every token to a new position, so cached keys go stale: once the window is full, each further step
+recomputes the last ``max_len`` tokens without the cache.
 """
 import numpy as np
 
 from ._validate import int_array
 
 
-def greedy(model, prompt, max_new_tokens, stop_token=None):
-    """x_{t+1} = argmax_v logits(x_{≤t})_v, appended ``max_new_tokens`` times (full recomputation).
+def top_k_filter(logits, k):
+    """z'_v = z_v if z_v ≥ (k-th largest z) else −inf, along the last axis.
 
-    Shapes: ``prompt: (B, T0)`` ints -> ``(B, T0 + max_new_tokens)`` (fewer if every row emitted
-    ``stop_token``). Uses the model in eval mode and restores its mode afterwards.
+    Shapes: ``logits: (..., V)`` -> ``(..., V)`` (a new array). ``k`` ≥ V keeps everything; tokens
+    tied with the k-th largest value are all kept, so more than ``k`` survive only on exact ties.
     """
+    V = logits.shape[-1]
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"k: expected an integer ≥ 1, got {k!r}")
+    if k >= V:
+        return logits.copy()
+    kth = np.partition(logits, V - k, axis=-1)[..., V - k:V - k + 1]          # (..., 1)
+    return np.where(logits >= kth, logits, -np.inf)
+
+
+def top_p_filter(logits, p):
+    """Nucleus filter: keep the smallest set of most probable tokens whose probability sums to ≥ p.
+
+    With the tokens sorted by probability, π_(1) ≥ π_(2) ≥ …, token (j) is kept when the mass
+    before it, Σ_{i<j} π_(i), is below ``p``; so the most probable token is always kept, and the
+    others are set to −inf. Shapes: ``logits: (..., V)`` -> ``(..., V)``; ``p`` in (0, 1].
+    """
+    if not 0.0 < p <= 1.0:
+        raise ValueError(f"p: expected a probability in (0, 1], got {p!r}")
+    z = logits - logits.max(axis=-1, keepdims=True)
+    probs = np.exp(z)
+    probs /= probs.sum(axis=-1, keepdims=True)                                 # (..., V)
+    order = np.argsort(-probs, axis=-1, kind="stable")                         # (..., V)
+    sorted_p = np.take_along_axis(probs, order, axis=-1)
+    before = np.cumsum(sorted_p, axis=-1) - sorted_p                           # mass ahead of each
+    keep_sorted = before < p
+    keep = np.empty_like(keep_sorted)
+    np.put_along_axis(keep, order, keep_sorted, axis=-1)
+    return np.where(keep, logits, -np.inf)
+
+
+def _rng_of(seed, rng):
+    if rng is not None:
+        if not isinstance(rng, np.random.Generator):
+            raise TypeError(f"rng: expected a numpy.random.Generator, got {type(rng).__name__}")
+        return rng
+    return np.random.default_rng(seed)
+
+
+def sample_from_logits(logits, rng, temperature=1.0, top_k=None, top_p=None):
+    """One token per row from ``softmax(filter(z / temperature))``; ``temperature=0`` is argmax.
+
+    Shapes: ``logits: (B, V)`` -> ``(B,)`` int64. The draw is by inverse CDF with one uniform number
+    per row, ``u ~ U[0, total)``: token v is taken when cdf_{v−1} ≤ u < cdf_v, which is impossible
+    for a filtered token (its probability, hence its step of the CDF, is exactly 0).
+    """
+    if temperature < 0:
+        raise ValueError(f"temperature: expected ≥ 0, got {temperature}")
+    z = logits.astype(np.float64)
+    if top_k is not None:
+        z = top_k_filter(z, top_k)
+    if temperature == 0:
+        return z.argmax(axis=-1)
+    z = z / temperature
+    if top_p is not None:
+        z = top_p_filter(z, top_p)
+    z -= z.max(axis=-1, keepdims=True)
+    probs = np.exp(z)                                                          # (B, V), 0 where filtered
+    cdf = np.cumsum(probs, axis=-1)                                            # (B, V)
+    u = rng.random(z.shape[0]) * cdf[:, -1]                                    # (B,)
+    idx = (cdf <= u[:, None]).sum(axis=-1)                                     # (B,)
+    last = probs.shape[-1] - 1 - (probs[:, ::-1] > 0).argmax(axis=-1)          # last kept token
+    return np.minimum(idx, last).astype(np.int64)                              # guards u rounding up
+
+
+def _decode(model, prompt, max_new_tokens, pick, stop_token=None, use_cache=True):
+    """Append ``max_new_tokens`` tokens chosen by ``pick(last_logits: (B, V)) -> (B,)``."""
     int_array("prompt", prompt, ndim=2)
+    if prompt.shape[1] < 1:
+        raise ValueError(f"prompt: expected at least one token per row, got shape {prompt.shape}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) \
+            or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens: expected an integer ≥ 0, got {max_new_tokens!r}")
+    max_len = getattr(model, "max_len", None)
+    cached = use_cache and hasattr(model, "new_kv_caches") and max_len is not None
     was_training = model.training
     model.eval()
     try:
-        out = prompt.copy()
-        done = np.zeros(prompt.shape[0], bool)
+        out = prompt.astype(np.int64)
+        B = out.shape[0]
+        done = np.zeros(B, bool)
+        caches = None
         for _ in range(max_new_tokens):
-            logits = model.forward(out)                      # (B, T, V)
-            nxt = logits[:, -1].argmax(axis=-1)              # (B,)
+            T = out.shape[1]
+            if cached and caches is not None and T <= max_len:
+                logits = model.forward(out[:, -1:], kv_caches=caches)         # (B, 1, V)
+            else:
+                ctx = out if max_len is None else out[:, -max_len:]           # (B, ≤ max_len)
+                if cached and T < max_len:                                     # room left: (re)fill
+                    caches = model.new_kv_caches(B)
+                    logits = model.forward(ctx, kv_caches=caches)              # (B, T, V)
+                else:
+                    caches = None
+                    logits = model.forward(ctx)                                # (B, T, V)
+            nxt = np.asarray(pick(logits[:, -1]), dtype=np.int64)              # (B,)
             if stop_token is not None:
                 nxt = np.where(done, stop_token, nxt)
                 done |= nxt == stop_token
-            out = np.concatenate([out, nxt[:, None].astype(out.dtype)], axis=1)
+            out = np.concatenate([out, nxt[:, None]], axis=1)                 # (B, T + 1)
             if stop_token is not None and done.all():
                 break
-        return out
+        return out.astype(prompt.dtype, copy=False)
     finally:
         model.train(was_training)
+
+
+def greedy(model, prompt, max_new_tokens, stop_token=None, use_cache=True):
+    """x_{t+1} = argmax_v logits(x_{≤t})_v, appended ``max_new_tokens`` times.
+
+    Shapes: ``prompt: (B, T0)`` ints -> ``(B, T0 + max_new_tokens)`` (fewer if every row emitted
+    ``stop_token``). Uses the model's KV cache when it has one (``use_cache=False``: full
+    recomputation at every step). Runs the model in eval mode and restores its mode afterwards.
+    """
+    return _decode(model, prompt, max_new_tokens, lambda z: z.argmax(axis=-1), stop_token, use_cache)
+
+
+def sample(model, prompt, max_new_tokens, temperature=1.0, top_k=None, top_p=None, seed=0, rng=None,
+           stop_token=None, use_cache=True):
+    """x_{t+1} ~ softmax(filter(logits(x_{≤t}) / temperature)), appended ``max_new_tokens`` times.
+
+    ``temperature``: > 1 flattens, < 1 sharpens, 0 is greedy. ``top_k``: only the k most likely
+    tokens; ``top_p``: only the nucleus of mass ``p`` (applied after the temperature, as in
+    Hugging Face's ``generate``). The draws come from ``rng`` or, if none, from
+    ``np.random.default_rng(seed)``: a fixed seed gives the same text.
+    Shapes: ``prompt: (B, T0)`` ints -> ``(B, T0 + max_new_tokens)``.
+    """
+    gen = _rng_of(seed, rng)
+    if temperature < 0:
+        raise ValueError(f"temperature: expected ≥ 0, got {temperature}")
+
+    def pick(z):
+        return sample_from_logits(z, gen, temperature, top_k, top_p)
+    return _decode(model, prompt, max_new_tokens, pick, stop_token, use_cache)

@@ -1,0 +1,50 @@
+"""``python -m tformer generate --checkpoint PATH --prompt TEXT``: write text from a saved TinyGPT.
+
+The checkpoint holds the model's configuration, so the model is rebuilt from it before the weights
+are loaded; the prompt is UTF-8 encoded into bytes, the model's tokens.
+"""
+import sys
+
+from ..checkpoint import load_checkpoint, read_checkpoint
+from ..data.text import decode, encode
+from ..generate import sample
+from ..models.tinygpt import TinyGPT
+from .tinygpt import DEFAULT_CHECKPOINT
+
+_MODEL_KEYS = ("d_model", "n_heads", "n_layers", "max_len", "vocab_size", "d_ff", "dropout", "dtype")
+
+
+def add_arguments(p):
+    """The generate command's flags."""
+    p.add_argument("--checkpoint", default=DEFAULT_CHECKPOINT,
+                   help="a checkpoint saved by `python -m tformer run tinygpt`")
+    p.add_argument("--prompt", default="def ", help="text to continue")
+    p.add_argument("--max-new-tokens", type=int, default=200, help="bytes to generate")
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy; > 1 flatter, < 1 sharper")
+    p.add_argument("--top-k", type=int, default=None, help="sample only from the k most likely bytes")
+    p.add_argument("--top-p", type=float, default=None, help="sample only from the nucleus of mass p")
+    p.add_argument("--seed", type=int, default=0, help="seed of the draws: the same seed, the same text")
+    p.add_argument("--no-cache", action="store_true", help="recompute everything at every step")
+
+
+def load_tinygpt(path):
+    """Rebuild the TinyGPT stored in ``path`` and load its weights; returns ``(model, meta)``."""
+    meta = read_checkpoint(path)[0]
+    config = meta["config"]
+    missing = [k for k in _MODEL_KEYS if k not in config]
+    if missing:
+        raise ValueError(f"checkpoint {path!r}: its config lacks {missing}; was it saved from a TinyGPT?")
+    model = TinyGPT(**{k: config[k] for k in _MODEL_KEYS})
+    meta = load_checkpoint(path, model)
+    return model, meta
+
+
+def main(args):
+    model, meta = load_tinygpt(args.checkpoint)
+    prompt = encode(args.prompt)
+    if prompt.size == 0:
+        raise ValueError("prompt: expected at least one character, got an empty string")
+    out = sample(model, prompt[None, :], args.max_new_tokens, temperature=args.temperature,
+                 top_k=args.top_k, top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache)
+    sys.stdout.write(decode(out[0]) + "\n")
+    return 0

@@ -1,0 +1,129 @@
+"""``python -m tformer run tinygpt``: train TinyGPT (seed 004) on bytes of text, save it, print samples.
+
+The default corpus is the source of a fixed list of standard-library modules, read from this Python
+installation (``tformer.data.text.STDLIB_MODULES``); ``--text FILE`` trains on any file instead.
+Losses are reported in bits per byte next to the corpus's unigram entropy, the loss of the best
+model that ignores context; the run ends by stating how far below it the validation loss got.
+
+``python -m tformer`` runs with one BLAS thread unless ``OPENBLAS_NUM_THREADS`` says otherwise (see
+``tformer/__main__.py``): at this size a second thread gains little on an idle machine and costs a lot
+on a busy one. The default run takes about 3.5 minutes here.
+"""
+import math
+import time
+
+from .. import functional as F
+from ..checkpoint import save_checkpoint
+from ..data.text import TextData, bits_per_byte, decode, encode, evaluate_loss, unigram_cross_entropy
+from ..generate import sample
+from ..models.tinygpt import TinyGPT
+from ..optim import AdamW, cosine_with_warmup
+from ..train import train
+
+DEFAULT_CHECKPOINT = "checkpoints/tinygpt.npz"
+DEFAULT_PROMPT = "def "
+
+
+def add_arguments(p):
+    """The run's flags (every one has a default that reaches the goal in a few minutes on 2 cores)."""
+    g = p.add_argument_group("data")
+    g.add_argument("--text", metavar="FILE", default=None,
+                   help="train on this file (bytes) instead of the standard-library corpus")
+    g.add_argument("--val-fraction", type=float, default=0.1, help="share of each document held out")
+    g.add_argument("--eval-windows", type=int, default=128,
+                   help="fixed windows of each split used to measure train/val loss")
+    g = p.add_argument_group("model")
+    g.add_argument("--d-model", type=int, default=128, help="width C")
+    g.add_argument("--n-heads", type=int, default=4, help="attention heads (the seed's is 1)")
+    g.add_argument("--n-layers", type=int, default=3, help="pre-norm blocks")
+    g.add_argument("--max-len", type=int, default=64,
+                   help="context length: learned positions and training window T")
+    g = p.add_argument_group("training")
+    g.add_argument("--steps", type=int, default=500, help="optimizer steps")
+    g.add_argument("--batch-size", type=int, default=64, help="windows per step (B)")
+    g.add_argument("--lr", type=float, default=3e-3, help="peak learning rate α")
+    g.add_argument("--min-lr", type=float, default=3e-4, help="learning rate at the end of the cosine")
+    g.add_argument("--warmup", type=int, default=50, help="linear warm-up steps")
+    g.add_argument("--weight-decay", type=float, default=0.1, help="λ of the decoupled decay")
+    g.add_argument("--clip", type=float, default=1.0, help="clip the global gradient norm to this")
+    g.add_argument("--eval-every", type=int, default=100, help="evaluate every this many steps")
+    g.add_argument("--seed", type=int, default=0, help="seeds the initialisation and the batches")
+    g.add_argument("--checkpoint", default=DEFAULT_CHECKPOINT, help="where to save the model")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g = p.add_argument_group("samples")
+    g.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt of the printed samples")
+    g.add_argument("--sample-tokens", type=int, default=200, help="bytes per sample")
+    g.add_argument("--temperatures", default="0.7,0.8,1.0", help="comma-separated temperatures")
+
+
+def _data(args):
+    if args.text:
+        return TextData.from_file(args.text, args.max_len, args.batch_size, args.val_fraction, args.seed)
+    return TextData.from_stdlib(args.max_len, args.batch_size, args.val_fraction, args.seed)
+
+
+def make_evaluate(data, n_windows):
+    """``evaluate(model) -> {"train_bpb", "val_bpb"}`` on fixed windows of each split."""
+    splits = {s: data.windows(s, n_windows) for s in ("train", "val")}
+
+    def evaluate(model):
+        return {f"{s}_bpb": bits_per_byte(evaluate_loss(model, x, y)) for s, (x, y) in splits.items()}
+    return evaluate
+
+
+def forward_loss(model, batch):
+    """Mean cross-entropy over the B·T next-byte predictions, and its gradient."""
+    x, y = batch
+    return F.cross_entropy(model.forward(x), y)
+
+
+def main(args):
+    t0 = time.perf_counter()
+    data = _data(args)
+    source = args.text or f"{len(data.names)} standard-library modules"
+    H = data.unigram_entropy("corpus")
+    H_val = unigram_cross_entropy(data.train, data.val)
+    print(f"corpus: {source}; train {data.train.size:,} bytes, val {data.val.size:,} bytes")
+    print(f"unigram entropy of the corpus: {H:.3f} bits/byte "
+          f"(a unigram model fitted on train scores {H_val:.3f} on val)")
+    model = TinyGPT(d_model=args.d_model, n_heads=args.n_heads, n_layers=args.n_layers,
+                    max_len=args.max_len, seed=args.seed)
+    opt = AdamW(model, lr=args.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=args.weight_decay)
+    print(f"TinyGPT: C={args.d_model}, {args.n_heads} heads, {args.n_layers} layers, "
+          f"T={args.max_len}, {model.num_parameters():,} parameters; B={args.batch_size}, "
+          f"{args.steps} steps")
+
+    warmup = max(0, min(args.warmup, args.steps - 1))       # short smoke runs: shorter warm-up
+
+    def schedule(step):
+        return cosine_with_warmup(step, args.lr, warmup, args.steps, args.min_lr)
+
+    evaluate = make_evaluate(data, args.eval_windows)
+    hist = train(model, opt, data.batch, forward_loss, args.steps, clip_norm=args.clip,
+                 lr_schedule=schedule, evaluate=evaluate, eval_every=args.eval_every,
+                 checkpoint_path=args.checkpoint, checkpoint_every=args.eval_every,
+                 progress_bar=False if args.no_progress else None, desc="tinygpt")
+    for step, m in hist["eval"]:
+        print(f"step {step:5d}: train {m['train_bpb']:.3f} bits/byte, val {m['val_bpb']:.3f} bits/byte")
+    final = hist["eval"][-1][1]
+    below = 1.0 - final["val_bpb"] / H
+    train_time = hist["time"][-1] if hist["time"] else 0.0
+    save_checkpoint(args.checkpoint, model, opt, step=args.steps, extra={
+        "corpus": source, "unigram_entropy_bpb": H, "train_bpb": final["train_bpb"],
+        "val_bpb": final["val_bpb"], "train_seconds": train_time,
+        "eval": [[s, m] for s, m in hist["eval"]]})
+    print(f"validation: {final['val_bpb']:.3f} bits/byte vs unigram entropy {H:.3f} bits/byte: "
+          f"{100 * below:.1f}% below (ratio {final['val_bpb'] / H:.3f}); "
+          f"train {final['train_bpb']:.3f} bits/byte")
+    print(f"checkpoint: {args.checkpoint} (training {train_time:.0f} s)")
+    prompt = encode(args.prompt)[None, :]                                  # (1, T0)
+    if prompt.shape[1] == 0:
+        prompt = encode("\n")[None, :]
+    for temp in (float(t) for t in args.temperatures.split(",") if t.strip()):
+        out = sample(model, prompt, args.sample_tokens, temperature=temp, seed=args.seed)
+        print(f"\n--- sample, temperature {temp:g} ---")
+        print(decode(out[0]))
+    print(f"\ntotal {time.perf_counter() - t0:.0f} s")
+    if not math.isfinite(final["val_bpb"]):
+        return 1
+    return 0
