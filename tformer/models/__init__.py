@@ -1,1 +1,17 @@
-"""The five source systems, one file each (see ``shared/seeds``); import from the submodules or from here."""
+"""The five source systems, one file each (see ``shared/seeds``).
+
+| class | seed | file |
+| --- | --- | --- |
+| ``AttentionLayer`` | 001 | ``attention_layer.py`` |
+| ``TwoLayerTransformer`` | 000 | ``two_layer.py`` |
+| ``Transformer`` | 002 | ``transformer.py`` |
+| ``Encoder`` | 003 | ``encoder.py`` |
+| ``TinyGPT`` | 004 | ``tinygpt.py`` |
+"""
+from .attention_layer import AttentionLayer
+from .encoder import Encoder
+from .tinygpt import TinyGPT
+from .transformer import Transformer
+from .two_layer import TwoLayerTransformer
+
+__all__ = ["AttentionLayer", "TwoLayerTransformer", "Transformer", "Encoder", "TinyGPT"]
