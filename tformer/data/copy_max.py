@@ -41,14 +41,19 @@ def copy_max_batch(index, *, batch_size=32, seq_len=8, d_model=16, seed=0, split
 
     ``x ~ U(0, 1)`` from ``np.random.default_rng([seed, split, index])``; ``y_true = copy_max_targets(x)``.
     """
-    _check_sizes(batch_size=batch_size, seq_len=seq_len, d_model=d_model)
+    rng = batch_rng(index, seed, split, batch_size=batch_size, seq_len=seq_len, d_model=d_model)
+    x = rng.random((batch_size, seq_len, d_model)).astype(dtype)    # (B, T, d)
+    return x, copy_max_targets(x)
+
+
+def batch_rng(index, seed, split, **sizes):
+    """The generator of batch ``index``: ``default_rng([seed, split, index])``, after checking the arguments."""
+    _check_sizes(**sizes)
     if split not in SPLITS:
         raise ValueError(f"split: expected one of {sorted(SPLITS)}, got {split!r}")
     if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or index < 0:
         raise ValueError(f"index: expected an integer ≥ 0, got {index!r}")
-    rng = np.random.default_rng([seed, SPLITS[split], int(index)])
-    x = rng.random((batch_size, seq_len, d_model)).astype(dtype)    # (B, T, d)
-    return x, copy_max_targets(x)
+    return np.random.default_rng([seed, SPLITS[split], int(index)])
 
 
 def nearest_rows(y, candidates):

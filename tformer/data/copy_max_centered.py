@@ -22,7 +22,7 @@ Batches are pure functions of ``(seed, split, index)``, as in ``copy_max``; eval
 """
 import numpy as np
 
-from .copy_max import SPLITS, _check_sizes, copy_max_targets
+from .copy_max import batch_rng, copy_max_targets
 from .copy_max import held_out as _held_out
 
 
@@ -33,12 +33,7 @@ def centered_copy_max_batch(index, *, batch_size=32, seq_len=8, d_model=16, seed
     Drawn from ``np.random.default_rng([seed, split, index])`` (the same streams as
     ``copy_max_batch``, which draws U(0, 1) instead); ``y_true = copy_max_targets(x)``.
     """
-    _check_sizes(batch_size=batch_size, seq_len=seq_len, d_model=d_model)
-    if split not in SPLITS:
-        raise ValueError(f"split: expected one of {sorted(SPLITS)}, got {split!r}")
-    if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or index < 0:
-        raise ValueError(f"index: expected an integer ≥ 0, got {index!r}")
-    rng = np.random.default_rng([seed, SPLITS[split], int(index)])
+    rng = batch_rng(index, seed, split, batch_size=batch_size, seq_len=seq_len, d_model=d_model)
     x = rng.standard_normal((batch_size, seq_len, d_model)).astype(dtype)    # (B, T, d)
     return x, copy_max_targets(x)
 
