@@ -106,9 +106,15 @@ class MultiHeadAttention(Module):
             raise RuntimeError("backward: no forward pass to differentiate (or it used a KV cache)")
         dmerged = self.o.backward(dy)                                     # (B, T, C)
         dq, dk, dv = F.attention_backward(F.split_heads(dmerged, self.n_heads), self._cache)
-        dq, dk, dv = F.merge_heads(dq), F.merge_heads(dk), F.merge_heads(dv)   # (B, T, C) each
         if self.fused:
-            return self.qkv.backward(np.concatenate([dq, dk, dv], axis=-1))
+            # The three (B, H, T, D) gradients are written straight into the head-merged layout of
+            # one (B, T, 3C) buffer through views: the merge and the concatenation in one copy each.
+            B, T, C = dmerged.shape
+            dqkv = np.empty((B, T, 3 * C), dmerged.dtype)                 # (B, T, 3C)
+            views = dqkv.reshape(B, T, 3, self.n_heads, C // self.n_heads).transpose(2, 0, 3, 1, 4)
+            views[0], views[1], views[2] = dq, dk, dv                     # (B, H, T, D) each
+            return self.qkv.backward(dqkv)
+        dq, dk, dv = F.merge_heads(dq), F.merge_heads(dk), F.merge_heads(dv)   # (B, T, C) each
         dx = self.q.backward(dq)
         dx += self.k.backward(dk)
         dx += self.v.backward(dv)

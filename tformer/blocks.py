@@ -74,8 +74,13 @@ class PreNormBlock(Module):
         self.drop2 = Dropout(dropout, rng)
 
     def forward(self, x, mask=None, kv_cache=None):
-        x = x + self.drop1(self.attn(self.ln1(x), mask, kv_cache))     # (B, T, C)
-        return x + self.drop2(self.ffn(self.ln2(x)))                    # (B, T, C)
+        # Each branch returns a fresh array that nothing else holds (the output of W_o or W_2, or
+        # dropout's product), so the residual sum is added into it in place: one array fewer per sum.
+        h = self.drop1(self.attn(self.ln1(x), mask, kv_cache))         # (B, T, C)
+        h += x                                                          # X + MHA(LN(X))
+        out = self.drop2(self.ffn(self.ln2(h)))                         # (B, T, C)
+        out += h                                                        # X + FFN(LN(X))
+        return out
 
     def backward(self, dy):
         dx = dy + self.ln2.backward(self.ffn.backward(self.drop2.backward(dy)))

@@ -239,16 +239,28 @@ class _AdamBase(Optimizer):
             self.eps_inside_sqrt = _check_bool("eps_inside_sqrt", rest.pop("eps_inside_sqrt"))
         self.lr = lr
 
+    def _scratch(self, like):
+        """Two scratch arrays shaped like ``like``: views of two flat buffers that the optimizer
+        keeps between steps, so an update allocates nothing (fresh memory costs page faults)."""
+        n = like.size
+        buf = getattr(self, "_scratch_buf", None)
+        if buf is None or buf.dtype != like.dtype or buf.shape[1] < n:
+            largest = max(p.size for _, p, _ in self._parameters())
+            buf = np.empty((2, max(n, largest)), like.dtype)
+            self._scratch_buf = buf
+        return buf[0, :n].reshape(like.shape), buf[1, :n].reshape(like.shape)
+
     def _moments(self, grad, state):
         """m ← β1 m + (1−β1) g, v ← β2 v + (1−β2) g², in place; return (m_hat, v_hat) buffers.
 
-        The two returned arrays are fresh temporaries in the parameter's dtype that the caller
-        may overwrite: m_hat = m / (1 − β1^t), v_hat = v / (1 − β2^t)."""
+        The two returned arrays are scratch buffers in the parameter's dtype (reused by the next
+        parameter) that the caller may overwrite: m_hat = m / (1 − β1^t), v_hat = v / (1 − β2^t)."""
         m, v = state["m"], state["v"]
-        m_hat = np.multiply(grad, 1.0 - self.beta1)        # (1−β1) g
+        m_hat, v_hat = self._scratch(grad)
+        np.multiply(grad, 1.0 - self.beta1, out=m_hat)     # (1−β1) g
         m *= self.beta1
         m += m_hat                                         # m = β1 m + (1−β1) g
-        v_hat = np.multiply(grad, grad)                    # g²
+        np.multiply(grad, grad, out=v_hat)                 # g²
         v_hat *= 1.0 - self.beta2
         v *= self.beta2
         v += v_hat                                         # v = β2 v + (1−β2) g²

@@ -4,7 +4,7 @@ import math
 import numpy as np
 
 from .._validate import float_array, int_array, same_dtype
-from .softmax import softmax_backward, softmax_forward
+from .softmax import _softmax_inplace, softmax_backward
 
 
 def causal_mask(T_q, T_k=None):
@@ -72,8 +72,9 @@ def attention_forward(q, k, v, mask=None, scale=None):
     if k.shape[-2] != v.shape[-2]:
         raise ValueError(f"v: expected {k.shape[-2]} positions (from k), got shape {v.shape}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    S = q @ k.swapaxes(-1, -2)                          # (..., T_q, T_k)
-    S *= scale
+    # The scale multiplies Q (T_q × D) before the product rather than S (T_q × T_k) after it: the
+    # same scores (exactly, when scale is a power of 2) for a pass over a T/D times smaller array.
+    S = np.multiply(q, scale, dtype=q.dtype) @ k.swapaxes(-1, -2)   # (..., T_q, T_k)
     if mask is not None:
         if not isinstance(mask, np.ndarray):
             raise TypeError(f"mask: expected a boolean or float NumPy array, got {type(mask).__name__}")
@@ -87,7 +88,7 @@ def attention_forward(q, k, v, mask=None, scale=None):
             S += mask.astype(S.dtype, copy=False)
         else:
             raise TypeError(f"mask: expected dtype bool or float, got {mask.dtype}")
-    P, _ = softmax_forward(S)                            # (..., T_q, T_k), in place over S
+    P = _softmax_inplace(S)        # softmax_forward's arithmetic, written over S: no second T×T array
     y = P @ v                                            # (..., T_q, D_v)
     return y, (q, k, v, P, scale)
 

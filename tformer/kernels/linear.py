@@ -42,5 +42,6 @@ def linear_backward(dy, cache):
     x2 = x.reshape(-1, W.shape[0])                      # (N, C_in)
     dx = (dy2 @ W.T).reshape(x.shape)                   # (..., C_in)
     dW = x2.T @ dy2                                     # (C_in, C_out)
-    db = dy2.sum(axis=0) if has_b else None             # (C_out,)
+    # Σ over the N rows as a vector-matrix product 1ᵀ dY₂: BLAS sums the rows faster than sum(axis=0).
+    db = np.ones(dy2.shape[0], dy2.dtype) @ dy2 if has_b else None   # (C_out,)
     return dx, dW, db

@@ -58,13 +58,15 @@ def cross_entropy(logits, targets, ignore_index=None):
     rows = np.arange(z.shape[0])
     z_t = p[rows, t_safe].astype(np.float64)             # z_y − m
     np.exp(p, out=p)
-    total = p.sum(axis=1)                                # Σ e^{z − m} ≥ 1
+    total = p @ np.ones(V, p.dtype)                      # Σ e^{z − m} ≥ 1, row sums as one BLAS gemv
     n = int(valid.sum())
     if n == 0:
         return 0.0, np.zeros_like(logits)
     nll = np.log(total.astype(np.float64)) - z_t         # −log p_y per row
     loss = float(nll[valid].sum() / n)
-    p /= total[:, None]
-    p[rows, t_safe] -= 1
-    p *= (valid / n).astype(p.dtype)[:, None]
+    # (p − onehot)/N on valid rows, 0 elsewhere, with one pass over p: softmax's 1/Σ and the mean's
+    # valid/N form one per-row factor (the onehot entry, 1/Σ·e^{z_y−m} − 1, is rescaled the same way).
+    row = (valid / (n * total.astype(np.float64))).astype(p.dtype)   # (N,)
+    p[rows, t_safe] -= total                             # e^{z_y − m} − Σ: times row gives (p_y − 1)/N
+    p *= row[:, None]
     return loss, p.reshape(logits.shape)

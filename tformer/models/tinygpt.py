@@ -31,6 +31,7 @@ class TinyGPT(Module):
         self.ln_f = LayerNorm(C, dtype=dtype)
         self.lm_head = Linear(C, vocab_size, True, self.rng, dtype, init_std=0.02)
         self.max_len = max_len
+        self._positions = (0, 0)
 
     def forward(self, tokens, kv_caches=None):
         """tokens: (B, T) -> logits (B, T, V). With ``kv_caches`` (one per block, inference only) the
@@ -40,8 +41,11 @@ class TinyGPT(Module):
         start = kv_caches[0].t if kv_caches else 0
         if start + T > self.max_len:
             raise ValueError(f"tokens: {start + T} positions exceed max_len = {self.max_len}")
-        pos = np.broadcast_to(np.arange(start, start + T), (B, T))
-        x = self.wte(tokens) + self.wpe(pos)                            # (B, T, C)
+        # W_pe[start:start+T] is the same (T, C) block for every sequence: it is added by
+        # broadcasting instead of being gathered B times, and its gradient is a sum over the batch.
+        x = self.wte(tokens)                                            # (B, T, C), a fresh gather
+        x += self.wpe.W[start:start + T]                                # + W_pe[pos], (T, C)
+        self._positions = (start, T)
         for i, block in enumerate(self.blocks):
             x = block(x, None, kv_caches[i] if kv_caches else None)   # (B, T, C)
         return self.lm_head(self.ln_f(x))                              # (B, T, V)
@@ -52,7 +56,8 @@ class TinyGPT(Module):
         for block in reversed(self.blocks._items):
             dx = block.backward(dx)
         self.wte.backward(dx)
-        self.wpe.backward(dx)
+        start, T = self._positions
+        self.wpe.grads["W"][start:start + T] += dx.sum(axis=0)         # Σ_b dX[b], (T, C)
         return None
 
     def new_kv_caches(self, B):

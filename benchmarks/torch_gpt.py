@@ -1,0 +1,108 @@
+"""The PyTorch twin of ``tformer.models.TinyGPT``, with the weights copied from a TinyGPT.
+
+    X = W_te[tokens] + W_pe[:T]                      (B, T, C)
+    X ← X + Attn(LN(X));  X ← X + MLP(LN(X))         n_layers times
+    Z = LN(X) W_lm + b_lm                            (B, T, V)
+
+The same architecture in the form a PyTorch user would write it: ``nn.Embedding``, ``nn.LayerNorm``,
+``nn.Linear`` (fused ``W_qkv``), ``F.scaled_dot_product_attention(is_causal=True)`` and
+``F.gelu(approximate="tanh")``. ``nn.Linear`` stores ``weight: (d_out, d_in)``, the transpose of
+tformer's ``W: (d_in, d_out)``, so ``from_tinygpt`` copies ``W.T`` and ``grads_as_tformer`` transposes
+back. Only used by the benchmark and its tests; torch is optional everywhere else.
+"""
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as TF
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+class Block(nn.Module):
+    """X ← X + Attn(LN₁(X)),  X ← X + MLP(LN₂(X)); causal, fused qkv, GELU (tanh), biases."""
+
+    def __init__(self, C, H, d_ff, eps=1e-5):
+        super().__init__()
+        self.H = H
+        self.ln1 = nn.LayerNorm(C, eps=eps)
+        self.qkv = nn.Linear(C, 3 * C)
+        self.o = nn.Linear(C, C)
+        self.ln2 = nn.LayerNorm(C, eps=eps)
+        self.fc1 = nn.Linear(C, d_ff)
+        self.fc2 = nn.Linear(d_ff, C)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)                          # (B, T, C) each
+        q, k, v = (t.view(B, T, self.H, C // self.H).transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
+        y = TF.scaled_dot_product_attention(q, k, v, is_causal=True)             # (B, H, T, D)
+        x = x + self.o(y.transpose(1, 2).reshape(B, T, C))                       # (B, T, C)
+        return x + self.fc2(TF.gelu(self.fc1(self.ln2(x)), approximate="tanh"))  # (B, T, C)
+
+
+class TorchGPT(nn.Module):
+    """logits = TorchGPT(tokens): ``tokens: (B, T)`` int64 -> ``logits: (B, T, V)``."""
+
+    def __init__(self, d_model, n_heads, n_layers, max_len, vocab_size=256, d_ff=None):
+        super().__init__()
+        C = d_model
+        self.wte = nn.Embedding(vocab_size, C)
+        self.wpe = nn.Embedding(max_len, C)
+        self.blocks = nn.ModuleList(Block(C, n_heads, d_ff or 4 * C) for _ in range(n_layers))
+        self.ln_f = nn.LayerNorm(C)
+        self.lm_head = nn.Linear(C, vocab_size)
+
+    def forward(self, tokens):
+        T = tokens.shape[1]
+        x = self.wte(tokens) + self.wpe.weight[:T]                               # (B, T, C)
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))                                        # (B, T, V)
+
+
+def _name_map(n_layers):
+    """tformer name -> (torch name, transpose?) for every parameter of a TinyGPT."""
+    m = {"wte.W": ("wte.weight", False), "wpe.W": ("wpe.weight", False),
+         "ln_f.gamma": ("ln_f.weight", False), "ln_f.beta": ("ln_f.bias", False),
+         "lm_head.W": ("lm_head.weight", True), "lm_head.b": ("lm_head.bias", False)}
+    for i in range(n_layers):
+        ours, theirs = f"blocks.{i}.", f"blocks.{i}."
+        for a, b in (("ln1", "ln1"), ("ln2", "ln2")):
+            m[ours + a + ".gamma"] = (theirs + b + ".weight", False)
+            m[ours + a + ".beta"] = (theirs + b + ".bias", False)
+        for a, b in (("attn.qkv", "qkv"), ("attn.o", "o"), ("ffn.fc1", "fc1"), ("ffn.fc2", "fc2")):
+            m[ours + a + ".W"] = (theirs + b + ".weight", True)
+            m[ours + a + ".b"] = (theirs + b + ".bias", False)
+    return m
+
+
+def from_tinygpt(model):
+    """A ``TorchGPT`` computing exactly what the TinyGPT ``model`` computes (same dtype, copied weights)."""
+    cfg = model.config
+    if cfg["dropout"]:
+        raise ValueError(f"model: the torch twin has no dropout, got dropout = {cfg['dropout']}")
+    tm = TorchGPT(cfg["d_model"], cfg["n_heads"], cfg["n_layers"], cfg["max_len"], cfg["vocab_size"],
+                  cfg["d_ff"]).to(_DTYPES[cfg["dtype"]])
+    theirs = dict(tm.named_parameters())
+    names = _name_map(cfg["n_layers"])
+    with torch.no_grad():
+        for name, p, _ in model.named_parameters():
+            tname, transpose = names[name]
+            src = torch.from_numpy(np.ascontiguousarray(p.T if transpose else p))
+            if theirs[tname].shape != src.shape:
+                raise ValueError(f"{name}: shape {tuple(src.shape)} does not fit {tname} "
+                                 f"{tuple(theirs[tname].shape)}")
+            theirs[tname].copy_(src)
+    if len(names) != len(theirs):
+        raise ValueError(f"model: {len(names)} tformer parameters for {len(theirs)} torch parameters")
+    return tm
+
+
+def grads_as_tformer(tm, n_layers):
+    """``{tformer name: gradient as a NumPy array in tformer's layout}`` of a ``TorchGPT``."""
+    theirs = dict(tm.named_parameters())
+    out = {}
+    for name, (tname, transpose) in _name_map(n_layers).items():
+        g = theirs[tname].grad.detach().numpy()
+        out[name] = g.T if transpose else g
+    return out
