@@ -22,8 +22,8 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-# Run as a script, benchmarks/ is sys.path[0] and this file would shadow the standard library's
-# `profile` for every later import (cProfile, torch): take it off; siblings are loaded by path.
+# Run as a script, benchmarks/ is sys.path[0]: take it off (its files are not package modules) and
+# make sure the repository root is importable; siblings are loaded by path.
 if sys.path and sys.path[0] and Path(sys.path[0]).resolve() == HERE:
     sys.path.pop(0)
 if str(ROOT) not in sys.path:
