@@ -23,12 +23,9 @@ def save_checkpoint(path, model, optimizer=None, config=None, step=0, extra=None
     arrays = {f"model/{k}": v for k, v in model.state_dict().items()}
     opt_scalars = {}
     if optimizer is not None:
-        for k, v in optimizer.state_dict().items():
+        for k, v in optimizer.state_dict().items():          # a flat dict: arrays and scalars
             if isinstance(v, np.ndarray):
                 arrays[f"optim/{k}"] = v
-            elif isinstance(v, dict):
-                for name, arr in v.items():
-                    arrays[f"optim/{k}/{name}"] = np.asarray(arr)
             else:
                 opt_scalars[k] = v
     meta = {"config": config, "step": int(step), "optim_scalars": opt_scalars,
@@ -58,13 +55,7 @@ def read_checkpoint(path):
         meta = json.loads(str(z["meta"]))
         model_state = {k[6:]: z[k] for k in z.files if k.startswith("model/")}
         optim_state = dict(meta["optim_scalars"])
-        for k in z.files:
-            if k.startswith("optim/"):
-                parts = k[6:].split("/", 1)
-                if len(parts) == 1:
-                    optim_state[parts[0]] = z[k]
-                else:
-                    optim_state.setdefault(parts[0], {})[parts[1]] = z[k]
+        optim_state.update({k[6:]: z[k] for k in z.files if k.startswith("optim/")})
     return meta, model_state, optim_state
 
 
