@@ -13,9 +13,11 @@ their bias-corrected values, beta1 / beta2, eps (ε), lr (η or α), weight_deca
 """
 
 import math
+import threading
 
 import numpy as np
 
+from . import parallel
 from .schedules import LRScheduler, cosine_with_warmup, noam_lr
 
 __all__ = ["SGD", "Adam", "AdamW", "clip_grad_norm", "noam_lr", "cosine_with_warmup", "LRScheduler"]
@@ -32,6 +34,24 @@ def _check_float(name, value, low, high=math.inf, low_open=False, high_open=True
         interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
         raise ValueError(f"{name} must be in {interval}, got {value!r}")
     return value
+
+
+def _balanced_groups(params, k):
+    """Deal ``(name, param, grad)`` triples into at most ``k`` groups of about equal total size
+    (largest first, each to the lightest group; deterministic). Entries that share one array (tied
+    weights) stay in one group, in their original order, so no array is updated by two threads."""
+    if k <= 1:
+        return [params]
+    by_array = {}
+    for entry in params:
+        by_array.setdefault(id(entry[1]), []).append(entry)
+    units = sorted(by_array.values(), key=lambda u: -u[0][1].size)
+    groups, loads = [[] for _ in range(k)], [0] * k
+    for unit in units:
+        i = loads.index(min(loads))
+        groups[i].extend(unit)
+        loads[i] += unit[0][1].size
+    return [g for g in groups if g]
 
 
 def _check_betas(betas):
@@ -97,8 +117,16 @@ class Optimizer:
                 raise ValueError(f"parameter {name!r} was not present when the optimizer was "
                                  f"created; known parameters: {sorted(self.state)}")
         self.t += 1
-        for name, param, grad in params:
-            self._update(param, grad, self.state[name])
+        # Each parameter's update is independent of the others: with tformer.parallel threads the
+        # parameters are dealt into groups of about equal size, one group per thread.
+        groups = _balanced_groups(params, parallel.get_num_threads())
+
+        def update(lo, hi):
+            for group in groups[lo:hi]:
+                for name, param, grad in group:
+                    self._update(param, grad, self.state[name])
+
+        parallel.parallel_for(update, len(groups))
 
     def _update(self, param, grad, state):
         raise NotImplementedError
@@ -241,13 +269,16 @@ class _AdamBase(Optimizer):
 
     def _scratch(self, like):
         """Two scratch arrays shaped like ``like``: views of two flat buffers that the optimizer
-        keeps between steps, so an update allocates nothing (fresh memory costs page faults)."""
+        keeps between steps (one pair per thread), so an update allocates nothing (fresh memory
+        costs page faults)."""
         n = like.size
-        buf = getattr(self, "_scratch_buf", None)
+        bufs = self.__dict__.setdefault("_scratch_bufs", {})
+        key = threading.get_ident()
+        buf = bufs.get(key)
         if buf is None or buf.dtype != like.dtype or buf.shape[1] < n:
             largest = max(p.size for _, p, _ in self._parameters())
             buf = np.empty((2, max(n, largest)), like.dtype)
-            self._scratch_buf = buf
+            bufs[key] = buf
         return buf[0, :n].reshape(like.shape), buf[1, :n].reshape(like.shape)
 
     def _moments(self, grad, state):

@@ -3,6 +3,7 @@ import math
 
 import numpy as np
 
+from .. import parallel
 from .._validate import float_array, int_array, same_dtype
 from .softmax import _softmax_inplace, softmax_backward
 
@@ -72,9 +73,8 @@ def attention_forward(q, k, v, mask=None, scale=None):
     if k.shape[-2] != v.shape[-2]:
         raise ValueError(f"v: expected {k.shape[-2]} positions (from k), got shape {v.shape}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    # The scale multiplies Q (T_q × D) before the product rather than S (T_q × T_k) after it: the
-    # same scores (exactly, when scale is a power of 2) for a pass over a T/D times smaller array.
-    S = np.multiply(q, scale, dtype=q.dtype) @ k.swapaxes(-1, -2)   # (..., T_q, T_k)
+    S = np.empty((*q.shape[:-1], k.shape[-2]), q.dtype)  # (..., T_q, T_k): scores, then P in place
+    blocked, additive = None, None
     if mask is not None:
         if not isinstance(mask, np.ndarray):
             raise TypeError(f"mask: expected a boolean or float NumPy array, got {type(mask).__name__}")
@@ -83,14 +83,43 @@ def attention_forward(q, k, v, mask=None, scale=None):
         except ValueError:
             raise ValueError(f"mask: shape {mask.shape} does not broadcast to scores {S.shape}") from None
         if mask.dtype == bool:
-            np.copyto(S, -np.inf, where=~mask)
+            blocked = ~mask
         elif np.issubdtype(mask.dtype, np.floating):
-            S += mask.astype(S.dtype, copy=False)
+            additive = mask.astype(S.dtype, copy=False)
         else:
             raise TypeError(f"mask: expected dtype bool or float, got {mask.dtype}")
-    P = _softmax_inplace(S)        # softmax_forward's arithmetic, written over S: no second T×T array
-    y = P @ v                                            # (..., T_q, D_v)
-    return y, (q, k, v, P, scale)
+    y = np.empty((*q.shape[:-1], v.shape[-1]), q.dtype)  # (..., T_q, D_v)
+
+    def seqs(lo, hi):
+        # The scale multiplies Q (T_q × D) before the product rather than S (T_q × T_k) after it:
+        # the same scores (exactly, when scale is a power of 2) for a pass over a T/D times smaller array.
+        Sp = S[lo:hi]
+        np.matmul(np.multiply(q[lo:hi], scale, dtype=q.dtype), k[lo:hi].swapaxes(-1, -2), out=Sp)
+        if blocked is not None:
+            np.copyto(Sp, -np.inf, where=_rows_of(blocked, lo, hi, S.ndim))
+        elif additive is not None:
+            Sp += _rows_of(additive, lo, hi, S.ndim)
+        _softmax_inplace(Sp)       # softmax_forward's arithmetic, written over S: no second T×T array
+        np.matmul(Sp, v[lo:hi], out=y[lo:hi])
+
+    parallel.parallel_for(seqs, *_split_axis(q))
+    return y, (q, k, v, S, scale)
+
+
+def _split_axis(q):
+    """(items, grain) for splitting attention along its first axis (the batch): each item is an
+    independent set of heads. A 2-D call (no batch axis) is one item."""
+    if q.ndim < 3:
+        return 1, 1
+    per_item = q[0].size * 8              # rough cost of one item in elements touched
+    return q.shape[0], max(1, (1 << 15) // per_item)
+
+
+def _rows_of(mask, lo, hi, ndim):
+    """The part of a broadcastable mask that applies to items ``lo:hi`` of the first axis."""
+    if mask.ndim == ndim and mask.shape[0] != 1:
+        return mask[lo:hi]
+    return mask
 
 
 def attention_backward(dy, cache):
@@ -104,10 +133,16 @@ def attention_backward(dy, cache):
     q, k, v, P, scale = cache
     if dy.shape != (*q.shape[:-1], v.shape[-1]):
         raise ValueError(f"dy: expected shape {(*q.shape[:-1], v.shape[-1])}, got {dy.shape}")
-    dv = P.swapaxes(-1, -2) @ dy                         # (..., T_k, D_v)
-    dP = dy @ v.swapaxes(-1, -2)                         # (..., T_q, T_k)
-    dS = softmax_backward(dP, (P, -1))
-    dS *= scale
-    dq = dS @ k                                          # (..., T_q, D)
-    dk = dS.swapaxes(-1, -2) @ q                         # (..., T_k, D)
+    dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
+
+    def seqs(lo, hi):
+        Pp, dyp = P[lo:hi], dy[lo:hi]
+        np.matmul(Pp.swapaxes(-1, -2), dyp, out=dv[lo:hi])      # dV = Pᵀ dY   (..., T_k, D_v)
+        dP = dyp @ v[lo:hi].swapaxes(-1, -2)                    # (..., T_q, T_k)
+        dS = softmax_backward(dP, (Pp, -1))
+        dS *= scale
+        np.matmul(dS, k[lo:hi], out=dq[lo:hi])                  # dQ = scale · dS K   (..., T_q, D)
+        np.matmul(dS.swapaxes(-1, -2), q[lo:hi], out=dk[lo:hi]) # dK = scale · dSᵀ Q  (..., T_k, D)
+
+    parallel.parallel_for(seqs, *_split_axis(q))
     return dq, dk, dv

@@ -1,6 +1,7 @@
 """Layer normalisation kernel over the last axis, and its compact backward."""
 import numpy as np
 
+from .. import parallel
 from .._validate import float_array, same_dtype
 
 
@@ -21,19 +22,30 @@ def layernorm_forward(x, gamma, beta, eps=1e-5):
     same_dtype(x=x, gamma=gamma, beta=beta)
     if not eps > 0:
         raise ValueError(f"eps: expected a positive number, got {eps}")
-    # Row means as one matrix-vector product with (1/C, ..., 1/C): BLAS reduces rows of a few hundred
-    # floats several times faster than x.mean(axis=-1); the row sums of squares are np.vecdot.
-    mu = _row_means(x)                                   # (..., 1)
-    xhat = x - mu                                        # (..., C)
-    var = np.vecdot(xhat, xhat)[..., None]
-    var /= C
-    var += eps
-    rstd = np.reciprocal(np.sqrt(var, out=var), out=var)  # (..., 1)
-    xhat *= rstd
-    y = xhat
-    y *= gamma
-    y += beta
-    return y, (x, gamma, mu, rstd)
+    x2 = x.reshape(-1, C)                                # (N, C)
+    N = x2.shape[0]
+    y = np.empty_like(x2)
+    mu, rstd = np.empty((N, 1), x.dtype), np.empty((N, 1), x.dtype)
+    ones_C = np.full(C, 1.0 / C, x.dtype)
+
+    def rows(lo, hi):
+        # Row means as one matrix-vector product with (1/C, ..., 1/C): BLAS reduces rows of a few
+        # hundred floats several times faster than x.mean(axis=-1); sums of squares are np.vecdot.
+        m, r, xhat = mu[lo:hi], rstd[lo:hi], y[lo:hi]
+        np.matmul(x2[lo:hi], ones_C, out=m[:, 0])          # μ
+        np.subtract(x2[lo:hi], m, out=xhat)                # x − μ
+        np.vecdot(xhat, xhat, out=r[:, 0])
+        r /= C
+        r += eps
+        np.sqrt(r, out=r)
+        np.reciprocal(r, out=r)                            # rstd = 1/√(var + ε)
+        xhat *= r                                          # x̂
+        xhat *= gamma
+        xhat += beta                                       # y = γ ⊙ x̂ + β, in the same buffer
+
+    parallel.parallel_for(rows, N, grain=_grain(C))
+    lead = x.shape[:-1]
+    return y.reshape(x.shape), (x, gamma, mu.reshape(*lead, 1), rstd.reshape(*lead, 1))
 
 
 def layernorm_backward(dy, cache):
@@ -48,23 +60,32 @@ def layernorm_backward(dy, cache):
     if dy.shape != x.shape:
         raise ValueError(f"dy: expected shape {x.shape}, got {dy.shape}")
     C = x.shape[-1]
-    xhat = x - mu
-    xhat *= rstd                                         # recomputed, not stored
-    dy2 = dy.reshape(-1, C)
-    dgamma = np.einsum("nc,nc->c", dy2, xhat.reshape(-1, C))
-    dbeta = np.ones(dy2.shape[0], dy.dtype) @ dy2        # Σ over rows as one vector-matrix product
-    g = dy * gamma
-    mean_g = _row_means(g)                               # (..., 1)
-    mean_gx = np.vecdot(g, xhat)[..., None]
-    mean_gx /= C
-    xhat *= mean_gx
-    g -= mean_g
-    g -= xhat
-    g *= rstd
-    return g, dgamma, dbeta
+    x2, dy2 = x.reshape(-1, C), dy.reshape(-1, C)        # (N, C)
+    mu2, rstd2 = mu.reshape(-1, 1), rstd.reshape(-1, 1)  # (N, 1)
+    N = x2.shape[0]
+    xhat, dx = np.empty_like(x2), np.empty_like(x2)
+    ones_C = np.full(C, 1.0 / C, x.dtype)
+
+    def rows(lo, hi):
+        xh, g, r = xhat[lo:hi], dx[lo:hi], rstd2[lo:hi]
+        np.subtract(x2[lo:hi], mu2[lo:hi], out=xh)
+        xh *= r                                            # x̂, recomputed, not stored
+        np.multiply(dy2[lo:hi], gamma, out=g)              # g = γ ⊙ dy
+        mean_g = (g @ ones_C)[:, None]                     # (rows, 1)
+        mean_gx = np.vecdot(g, xh)[:, None]
+        mean_gx /= C
+        g -= mean_g
+        g -= xh * mean_gx
+        g *= r                                             # dx, written over g
+
+    parallel.parallel_for(rows, N, grain=_grain(C))
+    # dγ and dβ sum over all N rows: each is one whole reduction (never split into partial sums).
+    dgamma, dbeta = parallel.run_tasks(
+        lambda: np.einsum("nc,nc->c", dy2, xhat),
+        lambda: np.ones(N, dy.dtype) @ dy2)              # Σ over rows as one vector-matrix product
+    return dx.reshape(x.shape), dgamma, dbeta
 
 
-def _row_means(x):
-    """mean(x) over the last axis, shape (..., 1), as x₂ (1/C, …, 1/C)ᵀ: a BLAS matrix-vector product."""
-    C = x.shape[-1]
-    return (x.reshape(-1, C) @ np.full(C, 1.0 / C, x.dtype)).reshape(*x.shape[:-1], 1)
+def _grain(C):
+    """Rows per thread below which a LayerNorm is not split (about 32k elements)."""
+    return max(1, (1 << 15) // C)

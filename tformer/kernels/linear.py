@@ -1,14 +1,20 @@
 """Linear layer kernel: Y = X W + b, and its three gradients."""
 import numpy as np
 
+from .. import parallel
 from .._validate import float_array, same_dtype
+
+# Split a product by rows only when each part has at least this many multiply-adds: below it the
+# hand-off to another thread costs more than it saves.
+_MIN_MACS = 1 << 18
 
 
 def linear_forward(x, W, b=None):
     """Y = X W + b.
 
     Shapes: ``x: (..., C_in)``, ``W: (C_in, C_out)``, ``b: (C_out,)`` or None  ->  ``y: (..., C_out)``.
-    The leading axes are flattened into one GEMM of ``B·T`` rows (no loop over batch).
+    The leading axes are flattened into one GEMM of ``B·T`` rows (no loop over batch); with
+    ``tformer.parallel`` threads, each thread computes a block of those rows and adds b to it.
     Returns ``y, cache``.
     """
     float_array("x", x, min_ndim=1)
@@ -21,9 +27,14 @@ def linear_forward(x, W, b=None):
             raise ValueError(f"b: expected shape ({W.shape[1]},), got {b.shape}")
     same_dtype(x=x, W=W, b=b)
     x2 = x.reshape(-1, W.shape[0])                      # (N, C_in), N = B·T
-    y = x2 @ W                                           # (N, C_out)
-    if b is not None:
-        y += b
+    y = np.empty((x2.shape[0], W.shape[1]), W.dtype)    # (N, C_out)
+
+    def rows(lo, hi):
+        np.matmul(x2[lo:hi], W, out=y[lo:hi])
+        if b is not None:
+            y[lo:hi] += b
+
+    parallel.parallel_for(rows, x2.shape[0], grain=-(-_MIN_MACS // W.size))
     return y.reshape(*x.shape[:-1], W.shape[1]), (x, W, b is not None)
 
 
@@ -40,8 +51,14 @@ def linear_backward(dy, cache):
         raise ValueError(f"dy: expected shape {(*x.shape[:-1], W.shape[1])}, got {dy.shape}")
     dy2 = dy.reshape(-1, W.shape[1])                    # (N, C_out)
     x2 = x.reshape(-1, W.shape[0])                      # (N, C_in)
-    dx = (dy2 @ W.T).reshape(x.shape)                   # (..., C_in)
-    dW = x2.T @ dy2                                     # (C_in, C_out)
-    # Σ over the N rows as a vector-matrix product 1ᵀ dY₂: BLAS sums the rows faster than sum(axis=0).
-    db = np.ones(dy2.shape[0], dy2.dtype) @ dy2 if has_b else None   # (C_out,)
-    return dx, dW, db
+
+    def weight_grads():
+        dW = x2.T @ dy2                                 # (C_in, C_out)
+        # Σ over the N rows as a vector-matrix product 1ᵀ dY₂: BLAS sums rows faster than sum(axis=0).
+        db = np.ones(dy2.shape[0], dy2.dtype) @ dy2 if has_b else None   # (C_out,)
+        return dW, db
+
+    # dX and dW cost the same N·C_in·C_out multiply-adds and share only their inputs: with threads
+    # they run side by side, each a whole product, so no sum is ever split.
+    dx, (dW, db) = parallel.run_tasks(lambda: dy2 @ W.T, weight_grads)
+    return dx.reshape(x.shape), dW, db                  # (..., C_in), (C_in, C_out), (C_out,)

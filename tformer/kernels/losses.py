@@ -1,6 +1,7 @@
 """Losses, each returning the loss and its gradient with respect to the prediction."""
 import numpy as np
 
+from .. import parallel
 from .._validate import float_array, index_range, int_array
 
 
@@ -49,24 +50,40 @@ def cross_entropy(logits, targets, ignore_index=None):
     index_range("targets", targets, 0, V, ignore=ignore_index)
     z = logits.reshape(-1, V)                            # (N, V)
     t = targets.ravel()                                  # (N,)
+    N = z.shape[0]
     valid = np.ones(t.shape, bool) if ignore_index is None else t != ignore_index
     t_safe = np.where(valid, t, 0)
-    m = z.max(axis=1, keepdims=True)                     # (N, 1)
-    if not np.isfinite(m).all():
-        raise FloatingPointError("cross_entropy: logits hold inf or NaN")
-    p = z - m
-    rows = np.arange(z.shape[0])
-    z_t = p[rows, t_safe].astype(np.float64)             # z_y − m
-    np.exp(p, out=p)
-    total = p @ np.ones(V, p.dtype)                      # Σ e^{z − m} ≥ 1, row sums as one BLAS gemv
     n = int(valid.sum())
     if n == 0:
+        if not np.isfinite(z).all():
+            raise FloatingPointError("cross_entropy: logits hold inf or NaN")
         return 0.0, np.zeros_like(logits)
-    nll = np.log(total.astype(np.float64)) - z_t         # −log p_y per row
-    loss = float(nll[valid].sum() / n)
-    # (p − onehot)/N on valid rows, 0 elsewhere, with one pass over p: softmax's 1/Σ and the mean's
-    # valid/N form one per-row factor (the onehot entry, 1/Σ·e^{z_y−m} − 1, is rescaled the same way).
-    row = (valid / (n * total.astype(np.float64))).astype(p.dtype)   # (N,)
-    p[rows, t_safe] -= total                             # e^{z_y − m} − Σ: times row gives (p_y − 1)/N
-    p *= row[:, None]
+    p = np.empty_like(z)                                 # becomes dL/dz, row block by row block
+    nll = np.empty(N)                                    # −log p_y per row, float64
+    finite = np.ones(N, bool)
+    ones_V = np.ones(V, z.dtype)
+
+    def rows(lo, hi):
+        zs, ps, ts = z[lo:hi], p[lo:hi], t_safe[lo:hi]
+        m = zs.max(axis=1, keepdims=True)                # (rows, 1)
+        finite[lo:hi] = np.isfinite(m[:, 0])
+        if not finite[lo:hi].all():
+            return                                       # reported below, before anything is used
+        np.subtract(zs, m, out=ps)
+        r = np.arange(hi - lo)
+        z_t = ps[r, ts].astype(np.float64)               # z_y − m
+        np.exp(ps, out=ps)
+        total = ps @ ones_V                              # Σ e^{z − m} ≥ 1, row sums as one BLAS gemv
+        nll[lo:hi] = np.log(total.astype(np.float64)) - z_t
+        # (p − onehot)/N on valid rows, 0 elsewhere, with one pass over p: softmax's 1/Σ and the
+        # mean's valid/N form one per-row factor (the onehot entry, 1/Σ·e^{z_y−m} − 1, is rescaled
+        # the same way).
+        factor = (valid[lo:hi] / (n * total.astype(np.float64))).astype(ps.dtype)   # (rows,)
+        ps[r, ts] -= total                               # e^{z_y − m} − Σ: times factor gives (p_y − 1)/N
+        ps *= factor[:, None]
+
+    parallel.parallel_for(rows, N, grain=max(1, (1 << 15) // V))
+    if not finite.all():
+        raise FloatingPointError("cross_entropy: logits hold inf or NaN")
+    loss = float(nll[valid].sum() / n)                   # one whole sum, whatever the thread count
     return loss, p.reshape(logits.shape)

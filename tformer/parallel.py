@@ -1,0 +1,120 @@
+"""Intra-op parallelism: a kernel's independent rows split across a few threads.
+
+NumPy's ufunc loops and BLAS calls release the GIL, so plain Python threads run them on separate
+cores. With ``set_num_threads(n)``, ``n > 1``, every kernel that is worth it splits its work into
+``n`` contiguous parts (``parallel_for``) or runs independent products side by side
+(``run_tasks``): the rows of a GEMM, of GELU, of LayerNorm, the sequences of attention, the
+parameters of AdamW. That is PyTorch's intra-op model (``at::parallel_for`` with a grain size).
+
+Two rules keep it honest:
+
+- **Results never depend on the thread count.** Work is split only along axes that are computed
+  independently (rows of a product, elements of an elementwise map, whole parameters); a sum is
+  never split into partial sums. One thread and four give the same bits (tested).
+- **One level of threads.** While tformer runs ``n > 1`` threads, BLAS is limited to one thread
+  per call (through ``threadpoolctl``): its own spinning worker threads would otherwise hold the
+  cores that tformer's elementwise work needs. ``set_num_threads(1)`` (the default) gives BLAS its
+  own threading back, and everything runs on the calling thread as before.
+
+The environment variable ``TFORMER_NUM_THREADS`` sets the count at import.
+"""
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+_n_threads = 1
+_pool = None
+_blas_limit = None          # threadpoolctl's handle while BLAS is held at one thread
+_local = threading.local()  # .inside: this thread is already running a part (nested calls run serially)
+
+
+def get_num_threads():
+    """The number of threads tformer's kernels split their work across (1: no splitting)."""
+    return _n_threads
+
+
+def set_num_threads(n):
+    """Split kernels across ``n`` threads (``n ≥ 1``); returns the previous count.
+
+    ``n > 1`` starts a pool of ``n − 1`` workers (the calling thread does one part itself) and
+    limits BLAS to one thread per call; ``n = 1`` shuts the pool down and restores BLAS's threads.
+    """
+    global _n_threads, _pool, _blas_limit
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n: expected an integer ≥ 1, got {n!r}")
+    previous = _n_threads
+    if n == _n_threads:
+        return previous
+    if _pool is not None:
+        _pool.shutdown(wait=True)
+        _pool = None
+    if n > 1:
+        _pool = ThreadPoolExecutor(max_workers=n - 1, thread_name_prefix="tformer")
+        if _blas_limit is None:
+            from threadpoolctl import threadpool_limits
+            _blas_limit = threadpool_limits(limits=1, user_api="blas")
+    elif _blas_limit is not None:
+        _blas_limit.restore_original_limits()
+        _blas_limit = None
+    _n_threads = n
+    return previous
+
+
+def parallel_for(fn, n, grain=1):
+    """Call ``fn(lo, hi)`` on contiguous ranges that cover ``[0, n)``, in parallel.
+
+    At most ``get_num_threads()`` ranges, none shorter than ``grain`` items (so a small job runs
+    as one call on the calling thread, with no hand-off cost). Ranges of many rows start at
+    multiples of 8, so a row-split BLAS call sees the same row blocking for every thread count.
+    ``fn`` writes its results into preallocated arrays; an exception in any part is re-raised.
+    """
+    parts = min(_n_threads, max(1, n // max(1, grain)))
+    if parts == 1 or getattr(_local, "inside", False):
+        fn(0, n)
+        return
+    align = 8 if n >= 64 * parts else 1
+    bounds = [0] + [min(n, -(-(n * i // parts) // align) * align) for i in range(1, parts)] + [n]
+    futures = [_pool.submit(_part, fn, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:]) if hi > lo]
+    try:
+        _part(fn, bounds[0], bounds[1])
+    finally:
+        for f in futures:
+            f.result()
+
+
+def run_tasks(*tasks):
+    """Run independent zero-argument callables side by side; return their results in order.
+
+    With one thread they simply run one after the other. Used where a backward pass has two
+    products of equal cost that share nothing but their inputs (``dX = dY Wᵀ`` and ``dW = Xᵀ dY``).
+    """
+    if _n_threads == 1 or len(tasks) == 1 or getattr(_local, "inside", False):
+        return [t() for t in tasks]
+    futures = [_pool.submit(_part, t) for t in tasks[1:]]
+    try:
+        first = _part(tasks[0])
+    finally:
+        rest = [f.result() for f in futures]
+    return [first, *rest]
+
+
+def _part(fn, *args):
+    """Run one part with this thread marked busy, so a kernel it calls does not split again."""
+    _local.inside = True
+    try:
+        return fn(*args)
+    finally:
+        _local.inside = False
+
+
+def _from_env():
+    value = os.environ.get("TFORMER_NUM_THREADS")
+    if value:
+        try:
+            n = int(value)
+        except ValueError:
+            raise ValueError(f"TFORMER_NUM_THREADS: expected an integer ≥ 1, got {value!r}") from None
+        set_num_threads(n)
+
+
+_from_env()
