@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import functools
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -49,10 +50,14 @@ class Profiler:
     def __init__(self, clock="wall"):
         self.self_time, self.calls, self._stack = {}, {}, []
         self.clock = CLOCKS[clock]
+        self._thread = threading.current_thread()
 
     def wrap(self, name, fn):
         @functools.wraps(fn)
         def timed(*args, **kwargs):
+            if threading.current_thread() is not self._thread:
+                return fn(*args, **kwargs)               # a part on a tformer.parallel worker: its
+                                                         # wall time is inside its caller's already
             self._stack.append(0.0)                      # time spent in children of this call
             t0 = self.clock()
             try:
@@ -83,7 +88,8 @@ def instrument(prof):
     for name in F.__all__:
         if name.endswith(("_forward", "_backward")) or name == "cross_entropy":
             patch(F, name, name)
-    for name in ("softmax_backward", "_softmax_inplace"):      # called from inside the attention kernel
+    for name in ("softmax_backward", "_softmax_inplace",        # called from inside the attention kernel
+                 "_softmax_rows", "_softmax_backward_rows"):     # (the last two by its causal path)
         patch(_katt, name, name.lstrip("_"))
     classes = [getattr(layers, c) for c in _LAYER_CLASSES]
     classes += [attention.MultiHeadAttention, blocks.PreNormBlock, tinygpt.TinyGPT]

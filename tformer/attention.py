@@ -84,8 +84,12 @@ class MultiHeadAttention(Module):
         q, k, v = (F.split_heads(t, H) for t in self._project(x))       # (B, H, T, D) each
         if kv_cache is not None:
             k, v = kv_cache.append(k, v)                                  # (B, H, T_k, D)
-        full = self._mask(q.shape[2], k.shape[2], mask)
-        y, att_cache = F.attention_forward(q, k, v, full, self.scale)    # (B, H, T, D)
+        if self.causal and mask is None and kv_cache is None:
+            # Training and scoring: the kernel's causal path skips the masked tiles.
+            y, att_cache = F.attention_forward(q, k, v, None, self.scale, is_causal=True)
+        else:
+            full = self._mask(q.shape[2], k.shape[2], mask)
+            y, att_cache = F.attention_forward(q, k, v, full, self.scale)   # (B, H, T, D)
         self.att = att_cache[3]
         self._cache = None if kv_cache is not None else att_cache
         return self.o(F.merge_heads(y))                                   # (B, T, C)

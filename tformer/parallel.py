@@ -8,9 +8,11 @@ parameters of AdamW. That is PyTorch's intra-op model (``at::parallel_for`` with
 
 Two rules keep it honest:
 
-- **Results never depend on the thread count.** Work is split only along axes that are computed
-  independently (rows of a product, elements of an elementwise map, whole parameters); a sum is
-  never split into partial sums. One thread and four give the same bits (tested).
+- **Work is split only along axes that are computed independently** (rows of a product, elements
+  of an elementwise map, sequences of attention, whole parameters); a sum is never split into
+  partial sums. Every kernel but the matrix products gives the same bits for any thread count
+  (tested); a product split by rows agrees to float rounding, because OpenBLAS itself rounds a
+  block of rows differently from the whole (as its own threads do).
 - **One level of threads.** While tformer runs ``n > 1`` threads, BLAS is limited to one thread
   per call (through ``threadpoolctl``): its own spinning worker threads would otherwise hold the
   cores that tformer's elementwise work needs. ``set_num_threads(1)`` (the default) gives BLAS its

@@ -1,0 +1,183 @@
+"""tformer.parallel: results for every thread count, the pool's contract, and the causal attention
+path against the masked one."""
+import threading
+
+import numpy as np
+import pytest
+
+from tformer import functional as F
+from tformer import parallel
+from tformer.gradcheck import check_kernel
+from tformer.models.tinygpt import TinyGPT
+from tformer.optim import AdamW
+
+
+@pytest.fixture
+def threads():
+    """Set the thread count inside a test; the count from before the test is restored after it."""
+    before = parallel.get_num_threads()
+    yield parallel.set_num_threads
+    parallel.set_num_threads(before)
+
+
+def _train_step(n_threads, set_threads):
+    """Forward and backward of a float32 TinyGPT, big enough that every kernel splits (B·T = 1024 rows)."""
+    set_threads(n_threads)
+    model = TinyGPT(d_model=64, n_heads=4, n_layers=2, max_len=64, vocab_size=256, seed=0)
+    rng = np.random.default_rng(0)
+    x, y = rng.integers(0, 256, (16, 64)), rng.integers(0, 256, (16, 64))
+    logits = model.forward(x)
+    loss, dlogits = F.cross_entropy(logits, y)
+    model.backward(dlogits)
+    grads = {name: g.copy() for name, _, g in model.named_parameters()}
+    return logits, loss, grads
+
+
+def _rel(a, b):
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+def test_gradients_agree_for_1_2_and_3_threads(threads):
+    """Matrix products agree to float32 rounding only: OpenBLAS itself gives different last bits for
+    a block of rows than for the whole product (and for 1 thread than for 2)."""
+    ref_logits, ref_loss, ref_grads = _train_step(1, threads)
+    for n in (2, 3):
+        logits, loss, grads = _train_step(n, threads)
+        assert _rel(logits, ref_logits) < 1e-5, n
+        assert abs(loss - ref_loss) < 1e-5 * abs(ref_loss), n
+        for name in ref_grads:
+            assert _rel(grads[name], ref_grads[name]) < 1e-4, (n, name)
+
+
+def test_adamw_step_gives_the_same_bits_for_every_thread_count(threads):
+    """Parameters are dealt to threads whole; each update is elementwise."""
+    results = []
+    for n in (1, 2, 3):
+        threads(n)
+        model = TinyGPT(d_model=64, n_heads=4, n_layers=2, max_len=64, vocab_size=256, seed=0)
+        rng = np.random.default_rng(0)
+        for _, _, g in model.named_parameters():
+            g[...] = rng.standard_normal(g.shape)
+        opt = AdamW(model, lr=1e-3)
+        opt.step()
+        opt.step()
+        results.append(model.state_dict())
+    for other in results[1:]:
+        for name, p in results[0].items():
+            assert np.array_equal(other[name], p), name
+
+
+def test_elementwise_and_row_kernels_give_the_same_bits_for_every_thread_count(threads):
+    """Everything but the matrix products is split only along independent rows or elements, so the
+    arithmetic of each element is the same whatever the thread count."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1024, 64)).astype(np.float32)
+    gamma, beta = (rng.standard_normal(64).astype(np.float32) for _ in range(2))
+    h, dh = (rng.standard_normal((1024, 256)).astype(np.float32) for _ in range(2))
+    t = rng.integers(0, 256, 1024)
+    q, k, v, dy = (rng.standard_normal((16, 4, 64, 16)).astype(np.float32) for _ in range(4))
+
+    def kernels():
+        y, c = F.layernorm_forward(x, gamma, beta)
+        g, gc = F.gelu_forward(h)
+        a, ac = F.attention_forward(q, k, v, is_causal=True)
+        loss, dz = F.cross_entropy(h, t)
+        return [y, *F.layernorm_backward(x, c), g, F.gelu_backward(dh, gc), a, *F.attention_backward(dy, ac),
+                np.array(loss), dz]
+
+    threads(1)
+    ref = kernels()
+    for n in (2, 3):
+        threads(n)
+        for i, (got, want) in enumerate(zip(kernels(), ref)):
+            assert np.array_equal(got, want), (n, i)
+
+
+def test_parallel_for_covers_the_range_once_in_order_of_parts(threads):
+    threads(3)
+    for n, grain in [(0, 1), (1, 1), (7, 1), (100, 1), (1000, 1), (1000, 600), (4096, 8)]:
+        hits = np.zeros(n, int)
+        seen_threads = set()
+
+        def fn(lo, hi):
+            hits[lo:hi] += 1
+            seen_threads.add(threading.get_ident())
+
+        parallel.parallel_for(fn, n, grain)
+        assert (hits == 1).all(), (n, grain)
+        expected_parts = min(3, max(1, n // grain))
+        assert len(seen_threads) <= expected_parts
+
+
+def test_nested_calls_run_serially_and_errors_reach_the_caller(threads):
+    threads(2)
+    inner_calls = []
+
+    def outer(lo, hi):
+        parallel.parallel_for(lambda a, b: inner_calls.append((a, b)), 1000)
+
+    parallel.parallel_for(outer, 2)
+    assert sorted(inner_calls) == [(0, 1000), (0, 1000)]     # each part ran the inner loop whole
+
+    def boom(lo, hi):
+        if lo > 0:
+            raise RuntimeError("part failed")
+
+    with pytest.raises(RuntimeError, match="part failed"):
+        parallel.parallel_for(boom, 100)
+    assert parallel.run_tasks(lambda: 1, lambda: 2, lambda: 3) == [1, 2, 3]
+
+
+def test_set_num_threads_rejects_bad_counts_and_limits_blas(threads):
+    for bad in (0, -1, 1.5, "2", True):
+        with pytest.raises(ValueError, match="n: expected an integer"):
+            parallel.set_num_threads(bad)
+    from threadpoolctl import threadpool_info
+    threads(2)
+    blas = [i for i in threadpool_info() if i["user_api"] == "blas"]
+    assert blas and all(i["num_threads"] == 1 for i in blas)
+    assert threads(1) == 2 and parallel.get_num_threads() == 1
+
+
+# --- the causal path of attention_forward --------------------------------------------------------
+
+@pytest.mark.parametrize("T", [1, 5, 32, 33, 64, 70, 130])
+def test_causal_path_equals_the_causal_mask(T, threads):
+    threads(2)
+    rng = np.random.default_rng(T)
+    q, k, v, dy = (rng.standard_normal((2, 3, T, 4)) for _ in range(4))
+    y1, c1 = F.attention_forward(q, k, v, F.causal_mask(T))
+    y2, c2 = F.attention_forward(q, k, v, is_causal=True)
+    assert np.abs(y1 - y2).max() < 1e-12
+    assert np.abs(c1[3] - c2[3]).max() < 1e-12                       # P, exactly 0 above the diagonal
+    assert (np.triu(c2[3], 1) == 0).all()
+    for g1, g2 in zip(F.attention_backward(dy, c1), F.attention_backward(dy, c2)):
+        assert np.abs(g1 - g2).max() < 1e-12
+
+
+def test_causal_path_gradcheck_and_errors():
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 2, 40, 3)) for _ in range(3))
+    assert check_kernel(F.attention_forward, F.attention_backward, [q, k, v],
+                        kwargs={"is_causal": True}) < 1e-6
+    with pytest.raises(ValueError, match="mask: must be None when is_causal=True"):
+        F.attention_forward(q, k, v, F.causal_mask(40), is_causal=True)
+    with pytest.raises(ValueError, match="is_causal: needs T_q = T_k"):
+        F.attention_forward(q[:, :, :5], k, v, is_causal=True)
+    y, _ = F.attention_forward(q[0, 0], k[0, 0], v[0, 0], is_causal=True)   # one (T, D) sequence
+    y_ref, _ = F.attention_forward(q[0, 0], k[0, 0], v[0, 0], F.causal_mask(40))
+    assert np.abs(y - y_ref).max() < 1e-12
+
+
+def test_causal_path_matches_torch_sdpa_float64():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(1)
+    q, k, v, dy = (rng.standard_normal((2, 2, 70, 4)) for _ in range(4))
+    y, cache = F.attention_forward(q, k, v, is_causal=True)
+    grads = F.attention_backward(dy, cache)
+    tq, tk, tv = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
+    ty = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=True)
+    ty.backward(torch.tensor(dy))
+    assert np.abs(y - ty.detach().numpy()).max() < 1e-12
+    for g, t in zip(grads, (tq, tk, tv)):
+        assert np.abs(g - t.grad.numpy()).max() < 1e-12
