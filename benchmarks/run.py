@@ -5,8 +5,9 @@
 
 Each (size, side) runs in its own fresh subprocess, so neither side inherits the other's thread
 pools, allocator state or spinning OpenMP workers. ``OPENBLAS_NUM_THREADS``, ``OMP_NUM_THREADS`` and
-``MKL_NUM_THREADS`` are set to ``--threads`` (default: every core) and ``torch.set_num_threads`` to the
-same count. A step is ``zero_grad``, forward, mean cross-entropy, backward, AdamW update, in float32,
+``MKL_NUM_THREADS`` are set to ``--threads`` (default: every core), and so are
+``torch.set_num_threads`` and tformer's own ``TFORMER_NUM_THREADS`` (``tformer.parallel``). A step
+is ``zero_grad``, forward, mean cross-entropy, backward, AdamW update, in float32,
 on one fixed batch; reported: the median wall time of ``--steps`` steps after ``--warmup`` (and
 the process CPU time, and the load average of the machine around each run, since other work on
 the machine inflates wall times).
@@ -145,6 +146,7 @@ def _time(step, warmup, steps):
 def worker_tformer(size, warmup, steps, threads):
     import tracemalloc
 
+    from tformer import parallel
     from tformer.optim import AdamW
     base_kb = _status_kb("VmRSS")
     s = SIZES[size]
@@ -164,7 +166,7 @@ def worker_tformer(size, warmup, steps, threads):
                                     clock="cpu" if threads == 1 else "wall")
     return dict(times=wall, cpu_times=cpu, loss=loss, peak_mb=(peak_kb - base_kb) / 1024,
                 tracemalloc_step_peak_mb=(traced_peak - before) / 2**20,
-                n_params=int(model.num_parameters()),
+                n_params=int(model.num_parameters()), tformer_threads=parallel.get_num_threads(),
                 profile=dict(step_ms=total * 1e3, categories=prof.group(rows),
                              top=[(n, round(ms, 3)) for n, ms, _, _ in rows[:8]]))
 
@@ -225,8 +227,13 @@ def worker_gemm(threads):
 # --- the driver --------------------------------------------------------------------------------------
 
 def _run_worker(args, threads, malloc="default"):
+    # TFORMER_NUM_THREADS, for the tformer side only: tformer splits its kernels across as many
+    # threads as PyTorch's intra-op pool gets (tformer.parallel then holds BLAS at one thread per
+    # call inside its own threads). The torch side builds a TinyGPT only to copy its weights, with
+    # tformer at one thread, so nothing limits PyTorch's threads; the GEMM-peak worker is plain NumPy.
     env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
                MKL_NUM_THREADS=str(threads), TFORMER_PROGRESS="0",
+               TFORMER_NUM_THREADS=str(threads) if args[0] == "tformer" else "1",
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     for key in MALLOC_TUNED:
         env.pop(key, None)
@@ -258,7 +265,7 @@ def summarise(side, flops, peak):
     out = dict(median_s=t, q1_s=q[0], q3_s=q[2], min_s=min(side["times"]),
                cpu_median_s=statistics.median(side["cpu_times"]), gflops=gf, frac_peak=gf / peak,
                peak_mb=side["peak_mb"], loss=side["loss"], loadavg_1min=side["loadavg_1min"])
-    for key in ("tracemalloc_step_peak_mb", "profile", "loss_check", "torch", "n_params"):
+    for key in ("tracemalloc_step_peak_mb", "profile", "loss_check", "torch", "n_params", "tformer_threads"):
         if key in side:
             out[key] = side[key]
     return out

@@ -1,5 +1,8 @@
 """tformer.parallel: results for every thread count, the pool's contract, and the causal attention
 path against the masked one."""
+import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -137,6 +140,17 @@ def test_set_num_threads_rejects_bad_counts_and_limits_blas(threads):
     blas = [i for i in threadpool_info() if i["user_api"] == "blas"]
     assert blas and all(i["num_threads"] == 1 for i in blas)
     assert threads(1) == 2 and parallel.get_num_threads() == 1
+
+
+def test_env_var_limits_blas_even_when_tformer_is_imported_before_numpy():
+    code = ("import tformer.parallel as P; from threadpoolctl import threadpool_info; "
+            "print(P.get_num_threads(), [i['num_threads'] for i in threadpool_info() if i['user_api'] == 'blas'])")
+    env = dict(os.environ, TFORMER_NUM_THREADS="2")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["2", "[1]"]
+    env["TFORMER_NUM_THREADS"] = "two"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode != 0 and "TFORMER_NUM_THREADS: expected an integer" in out.stderr
 
 
 # --- the causal path of attention_forward --------------------------------------------------------

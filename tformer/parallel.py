@@ -24,6 +24,8 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy  # noqa: F401  (loads NumPy's OpenBLAS first: threadpoolctl limits only loaded libraries)
+
 _n_threads = 1
 _pool = None
 _blas_limit = None          # threadpoolctl's handle while BLAS is held at one thread
