@@ -195,3 +195,18 @@ def test_causal_path_matches_torch_sdpa_float64():
     assert np.abs(y - ty.detach().numpy()).max() < 1e-12
     for g, t in zip(grads, (tq, tk, tv)):
         assert np.abs(g - t.grad.numpy()).max() < 1e-12
+
+
+def test_scratch_is_reused_per_thread_and_slot_and_grows():
+    a = parallel.scratch("test_slot", (4, 8), np.float32)
+    b = parallel.scratch("test_slot", (2, 3), np.float32)
+    assert a.shape == (4, 8) and b.shape == (2, 3) and np.shares_memory(a, b)
+    assert not np.shares_memory(a, parallel.scratch("other_slot", (4, 8), np.float32))
+    assert not np.shares_memory(a, parallel.scratch("test_slot", (4, 8), np.float64))
+    big = parallel.scratch("test_slot", (100, 100), np.float32)
+    assert big.shape == (100, 100)
+    box = []
+    t = threading.Thread(target=lambda: box.append(parallel.scratch("test_slot", (100, 100), np.float32)))
+    t.start()
+    t.join()
+    assert not np.shares_memory(big, box[0])

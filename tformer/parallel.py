@@ -20,6 +20,7 @@ Two rules keep it honest:
 
 The environment variable ``TFORMER_NUM_THREADS`` sets the count at import.
 """
+import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -100,6 +101,22 @@ def run_tasks(*tasks):
     finally:
         rest = [f.result() for f in futures]
     return [first, *rest]
+
+
+def scratch(slot, shape, dtype):
+    """A work array for a temporary that lives only inside one kernel call (contents undefined).
+
+    Kept per thread and per ``slot`` name from one call to the next, so the temporary costs no
+    fresh memory (which the operating system must fault in and zero, page by page). Valid until
+    the same thread asks for the same slot again: never return it, never keep it in a cache.
+    """
+    bufs = _local.__dict__.setdefault("scratch", {})
+    dtype = numpy.dtype(dtype)
+    n = math.prod(shape)
+    buf = bufs.get((slot, dtype))
+    if buf is None or buf.size < n:
+        buf = bufs[(slot, dtype)] = numpy.empty(n, dtype)
+    return buf[:n].reshape(shape)
 
 
 def _part(fn, *args):

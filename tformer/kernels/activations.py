@@ -128,7 +128,7 @@ def gelu_backward(dy, cache):
             du += 1
             du *= xs
             du *= 2 * SQRT_2_OVER_PI                 # 2 x u'(x) = 2√(2/π) x (1 + 3c x²)
-            w = np.subtract(1, s, dtype=s.dtype)     # 1 − s
+            w = np.subtract(1, s, out=parallel.scratch("gelu_w", s.shape, s.dtype))   # 1 − s
             du *= w
             du += 1                                  # 1 + 2 x u'(x)(1 − s)
             du *= s

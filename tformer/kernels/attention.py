@@ -221,7 +221,7 @@ def _causal_backward(dy, q, k, v, P, scale, tiles):
     dK = dS[c:, c:d]ᵀ Q[c:], since no query before c sees those keys: each is one product, not a
     sum of pieces."""
     dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
-    dS = np.empty_like(P)                                # (..., T, T), only the live tiles written
+    dS = parallel.scratch("attention_dS", P.shape, P.dtype)   # (..., T, T), only the live tiles written
 
     def seqs(lo, hi):
         Pp, dSp, dyp, qs, ks, vs = P[lo:hi], dS[lo:hi], dy[lo:hi], q[lo:hi], k[lo:hi], v[lo:hi]

@@ -63,7 +63,7 @@ def layernorm_backward(dy, cache):
     x2, dy2 = x.reshape(-1, C), dy.reshape(-1, C)        # (N, C)
     mu2, rstd2 = mu.reshape(-1, 1), rstd.reshape(-1, 1)  # (N, 1)
     N = x2.shape[0]
-    xhat, dx = np.empty_like(x2), np.empty_like(x2)
+    xhat, dx = parallel.scratch("layernorm_xhat", x2.shape, x2.dtype), np.empty_like(x2)
     ones_C = np.full(C, 1.0 / C, x.dtype)
 
     def rows(lo, hi):
@@ -75,7 +75,7 @@ def layernorm_backward(dy, cache):
         mean_gx = np.vecdot(g, xh)[:, None]
         mean_gx /= C
         g -= mean_g
-        g -= xh * mean_gx
+        g -= np.multiply(xh, mean_gx, out=parallel.scratch("layernorm_t", xh.shape, xh.dtype))
         g *= r                                             # dx, written over g
 
     parallel.parallel_for(rows, N, grain=_grain(C))
