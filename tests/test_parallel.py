@@ -210,3 +210,23 @@ def test_scratch_is_reused_per_thread_and_slot_and_grows():
     t.start()
     t.join()
     assert not np.shares_memory(big, box[0])
+
+
+def test_attention_writes_into_out_views_and_checks_them():
+    rng = np.random.default_rng(2)
+    B, H, T, D = 2, 3, 70, 4
+    q, k, v, dy = (rng.standard_normal((B, H, T, D)) for _ in range(4))
+    for kw in ({"is_causal": True}, {"mask": F.causal_mask(T)}):
+        y_ref, cache = F.attention_forward(q, k, v, **kw)
+        merged = np.empty((B, T, H * D))
+        view = merged.reshape(B, T, H, D).transpose(0, 2, 1, 3)
+        y, _ = F.attention_forward(q, k, v, out=view, **kw)
+        assert y is view and np.array_equal(merged, F.merge_heads(y_ref))
+        ref = F.attention_backward(dy, cache)
+        bufs = tuple(np.empty((B, H, T, D)) for _ in range(3))
+        got = F.attention_backward(dy, cache, out=bufs)
+        assert all(g is b and np.array_equal(g, r) for g, b, r in zip(got, bufs, ref))
+        with pytest.raises(ValueError, match=r"out\[1\] \(dk\): expected a float64 array of shape"):
+            F.attention_backward(dy, cache, out=(bufs[0], np.empty((B, H, T, D + 1)), bufs[2]))
+        with pytest.raises(ValueError, match="out: expected a float64 array"):
+            F.attention_forward(q, k, v, out=np.empty((B, H, T, D), np.float32), **kw)

@@ -84,15 +84,23 @@ class MultiHeadAttention(Module):
         q, k, v = (F.split_heads(t, H) for t in self._project(x))       # (B, H, T, D) each
         if kv_cache is not None:
             k, v = kv_cache.append(k, v)                                  # (B, H, T_k, D)
+        merged, y = self._heads_buffer(x.shape, x.dtype)                  # (B, T, C), (B, H, T, D) view
         if self.causal and mask is None and kv_cache is None:
             # Training and scoring: the kernel's causal path skips the masked tiles.
-            y, att_cache = F.attention_forward(q, k, v, None, self.scale, is_causal=True)
+            _, att_cache = F.attention_forward(q, k, v, None, self.scale, is_causal=True, out=y)
         else:
             full = self._mask(q.shape[2], k.shape[2], mask)
-            y, att_cache = F.attention_forward(q, k, v, full, self.scale)   # (B, H, T, D)
+            _, att_cache = F.attention_forward(q, k, v, full, self.scale, out=y)
         self.att = att_cache[3]
         self._cache = None if kv_cache is not None else att_cache
-        return self.o(F.merge_heads(y))                                   # (B, T, C)
+        return self.o(merged)                                             # (B, T, C)
+
+    def _heads_buffer(self, shape, dtype):
+        """A new (B, T, C) array and its (B, H, T, D) view: a kernel writing per-head results into
+        the view leaves them already merged (Concat(head_1, …, head_H)), with no copy."""
+        B, T, C = shape
+        merged = np.empty((B, T, C), dtype)
+        return merged, merged.reshape(B, T, self.n_heads, C // self.n_heads).transpose(0, 2, 1, 3)
 
     def _mask(self, T_q, T_k, mask):
         if not self.causal:
@@ -109,16 +117,17 @@ class MultiHeadAttention(Module):
         if self._cache is None:
             raise RuntimeError("backward: no forward pass to differentiate (or it used a KV cache)")
         dmerged = self.o.backward(dy)                                     # (B, T, C)
-        dq, dk, dv = F.attention_backward(F.split_heads(dmerged, self.n_heads), self._cache)
+        dheads = F.split_heads(dmerged, self.n_heads)                     # (B, H, T, D), a view
         if self.fused:
-            # The three (B, H, T, D) gradients are written straight into the head-merged layout of
-            # one (B, T, 3C) buffer through views: the merge and the concatenation in one copy each.
+            # The three (B, H, T, D) gradients are written by the kernel straight into the
+            # head-merged layout of one (B, T, 3C) buffer, through views: no merge, no concatenation.
             B, T, C = dmerged.shape
             dqkv = np.empty((B, T, 3 * C), dmerged.dtype)                 # (B, T, 3C)
             views = dqkv.reshape(B, T, 3, self.n_heads, C // self.n_heads).transpose(2, 0, 3, 1, 4)
-            views[0], views[1], views[2] = dq, dk, dv                     # (B, H, T, D) each
+            F.attention_backward(dheads, self._cache, out=(views[0], views[1], views[2]))
             return self.qkv.backward(dqkv)
-        dq, dk, dv = F.merge_heads(dq), F.merge_heads(dk), F.merge_heads(dv)   # (B, T, C) each
+        (dq, dq_h), (dk, dk_h), (dv, dv_h) = (self._heads_buffer(dmerged.shape, dmerged.dtype) for _ in "qkv")
+        F.attention_backward(dheads, self._cache, out=(dq_h, dk_h, dv_h))  # into (B, T, C) buffers
         dx = self.q.backward(dq)
         dx += self.k.backward(dk)
         dx += self.v.backward(dv)

@@ -83,5 +83,9 @@ class PreNormBlock(Module):
         return out
 
     def backward(self, dy):
-        dx = dy + self.ln2.backward(self.ffn.backward(self.drop2.backward(dy)))
-        return dx + self.ln1.backward(self.attn.backward(self.drop1.backward(dx)))
+        # LayerNorm's backward returns a fresh array, so each residual gradient is added into it.
+        dx = self.ln2.backward(self.ffn.backward(self.drop2.backward(dy)))
+        dx += dy                                                        # dX of X + FFN(LN(X))
+        dx_in = self.ln1.backward(self.attn.backward(self.drop1.backward(dx)))
+        dx_in += dx                                                     # dX of X + MHA(LN(X))
+        return dx_in

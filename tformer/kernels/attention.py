@@ -49,7 +49,7 @@ def merge_heads(x):
     return x.transpose(0, 2, 1, 3).reshape(B, T, H * D)
 
 
-def attention_forward(q, k, v, mask=None, scale=None, is_causal=False):
+def attention_forward(q, k, v, mask=None, scale=None, is_causal=False, out=None):
     """Y = softmax(S) V,  S = scale · Q Kᵀ + M,  scale = 1/√D unless given.
 
     Shapes: ``q: (..., T_q, D)``, ``k: (..., T_k, D)``, ``v: (..., T_k, D_v)`` with the same leading
@@ -64,6 +64,7 @@ def attention_forward(q, k, v, mask=None, scale=None, is_causal=False):
     tiles above the diagonal are all −inf, so P is 0 there and is written as 0). With n tiles that
     is (n + 1)/2n of the products and exponentials (5/8 at T = 256). Same result as
     ``mask=causal_mask(T)``.
+    ``out``: an array (or a view, e.g. the heads of a ``(B, T, C)`` buffer) to write y into.
     Returns ``y, cache`` with the probabilities ``P: (..., T_q, T_k)`` in the cache.
     """
     float_array("q", q, min_ndim=2)
@@ -85,7 +86,7 @@ def attention_forward(q, k, v, mask=None, scale=None, is_causal=False):
         if q.shape[-2] != k.shape[-2]:
             raise ValueError(f"is_causal: needs T_q = T_k, got q {q.shape} and k {k.shape}")
         if q.ndim >= 3:
-            return _causal_forward(q, k, v, scale)
+            return _causal_forward(q, k, v, scale, _out("out", out, (*q.shape[:-1], v.shape[-1]), q.dtype))
         mask = causal_mask(q.shape[-2])                  # a single (T, D) sequence: the plain path
     S = np.empty((*q.shape[:-1], k.shape[-2]), q.dtype)  # (..., T_q, T_k): scores, then P in place
     blocked, additive = None, None
@@ -102,7 +103,7 @@ def attention_forward(q, k, v, mask=None, scale=None, is_causal=False):
             additive = mask.astype(S.dtype, copy=False)
         else:
             raise TypeError(f"mask: expected dtype bool or float, got {mask.dtype}")
-    y = np.empty((*q.shape[:-1], v.shape[-1]), q.dtype)  # (..., T_q, D_v)
+    y = _out("out", out, (*q.shape[:-1], v.shape[-1]), q.dtype)   # (..., T_q, D_v)
 
     def seqs(lo, hi):
         at = _items(lo, hi, q.ndim)
@@ -124,6 +125,16 @@ def attention_forward(q, k, v, mask=None, scale=None, is_causal=False):
 _TILE = 64
 
 
+def _out(name, out, shape, dtype):
+    """``out`` checked against the shape and dtype it must have, or a new array."""
+    if out is None:
+        return np.empty(shape, dtype)
+    if not isinstance(out, np.ndarray) or out.shape != tuple(shape) or out.dtype != dtype:
+        raise ValueError(f"{name}: expected a {np.dtype(dtype)} array of shape {tuple(shape)}, got "
+                         f"{getattr(out, 'dtype', type(out).__name__)} {getattr(out, 'shape', '')}")
+    return out
+
+
 def _tiles(T):
     """Query tiles ``[(a, b), ...]`` of the causal path, ``_TILE`` rows each (the last may be shorter).
 
@@ -134,12 +145,11 @@ def _tiles(T):
     return [(a, min(a + _TILE, T)) for a in range(0, T, _TILE)]
 
 
-def _causal_forward(q, k, v, scale):
+def _causal_forward(q, k, v, scale, y):
     """``attention_forward`` with the causal mask, tile by tile (see there). Tile [a, b) of the
     queries needs keys [0, b) only; inside the tile, query i sees keys j ≤ i."""
     T = q.shape[-2]
     S = np.empty((*q.shape[:-1], T), q.dtype)            # (..., T, T): P, exactly 0 above the diagonal
-    y = np.empty((*q.shape[:-1], v.shape[-1]), q.dtype)  # (..., T, D_v)
     tiles = _tiles(T)
     above = {b - a: ~np.tri(b - a, dtype=bool) for a, b in tiles}   # the masked corner of a diagonal tile
 
@@ -194,20 +204,26 @@ def _rows_of(mask, at, ndim):
     return mask
 
 
-def attention_backward(dy, cache):
+def attention_backward(dy, cache, out=None):
     """dV = Pᵀ dY,  dP = dY Vᵀ,  dS = P ⊙ (dP − rowsum(dP ⊙ P)),  dQ = scale · dS K,  dK = scale · dSᵀ Q.
 
     In the forward pass Y = P V, so V's gradient is Pᵀ dY and P's is dY Vᵀ; the softmax VJP turns
     dP into dS; S = scale · Q Kᵀ gives the last two lines. A masked entry has P = 0, so its dS is
     exactly 0: the mask blocks the gradient just as it blocked the forward pass.
     Shapes: ``dy: (..., T_q, D_v)`` -> ``(dq, dk, dv)`` shaped like ``q, k, v``.
+    ``out=(dq, dk, dv)``: arrays (or views, e.g. into one fused ``(B, T, 3C)`` gradient) to write
+    the three gradients into, instead of new arrays; they are returned.
     """
     q, k, v, P, scale, tiles = cache
     if dy.shape != (*q.shape[:-1], v.shape[-1]):
         raise ValueError(f"dy: expected shape {(*q.shape[:-1], v.shape[-1])}, got {dy.shape}")
+    if out is not None and len(out) != 3:
+        raise ValueError(f"out: expected three arrays (dq, dk, dv), got {len(out)}")
+    out = tuple(_out(f"out[{i}] (d{n})", None if out is None else out[i], like.shape, like.dtype)
+                for i, (n, like) in enumerate(zip("qkv", (q, k, v))))
     if tiles is not None:
-        return _causal_backward(dy, q, k, v, P, scale, tiles)
-    dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
+        return _causal_backward(dy, q, k, v, P, scale, tiles, out)
+    dq, dk, dv = out
 
     def seqs(lo, hi):
         at = _items(lo, hi, q.ndim)
@@ -223,12 +239,12 @@ def attention_backward(dy, cache):
     return dq, dk, dv
 
 
-def _causal_backward(dy, q, k, v, P, scale, tiles):
+def _causal_backward(dy, q, k, v, P, scale, tiles, out):
     """``attention_backward`` tile by tile, skipping the tiles where P = 0. Per query tile [a, b):
     dP, dS and dQ use keys [0, b). Per key tile [c, d): dV = P[c:, c:d]ᵀ dY[c:] and
     dK = dS[c:, c:d]ᵀ Q[c:], since no query before c sees those keys: each is one product, not a
     sum of pieces."""
-    dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
+    dq, dk, dv = out
     dS = parallel.scratch("attention_dS", P.shape, P.dtype)   # (..., T, T), only the live tiles written
 
     def seqs(lo, hi):
