@@ -230,3 +230,18 @@ def test_attention_writes_into_out_views_and_checks_them():
             F.attention_backward(dy, cache, out=(bufs[0], np.empty((B, H, T, D + 1)), bufs[2]))
         with pytest.raises(ValueError, match="out: expected a float64 array"):
             F.attention_forward(q, k, v, out=np.empty((B, H, T, D), np.float32), **kw)
+
+
+def test_gelu_backward_into_out_and_into_dy_itself(threads):
+    threads(2)
+    rng = np.random.default_rng(3)
+    x, dy = (rng.standard_normal((64, 1024)).astype(np.float32) for _ in range(2))
+    _, cache = F.gelu_forward(x)
+    ref = F.gelu_backward(dy, cache)
+    out = np.empty_like(dy)
+    assert F.gelu_backward(dy, cache, out=out) is out and np.array_equal(out, ref)
+    alias = dy.copy()
+    F.gelu_backward(alias, cache, out=alias)
+    assert np.array_equal(alias, ref)
+    with pytest.raises(ValueError, match="out: expected a C-contiguous float32 array of shape"):
+        F.gelu_backward(dy, cache, out=np.empty((64, 1024)))

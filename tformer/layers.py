@@ -225,8 +225,11 @@ class Activation(Module):
         y, self._cache = self._fwd(x, **self._kw)
         return y
 
-    def backward(self, dy):
-        return self._bwd(dy, self._cache)
+    def backward(self, dy, out=None):
+        """dy -> dx; with ``out`` (GELU only), dx is written into it (it may be ``dy`` itself)."""
+        if out is None:
+            return self._bwd(dy, self._cache)
+        return self._bwd(dy, self._cache, out=out)
 
 
 class FeedForward(Module):
@@ -249,7 +252,12 @@ class FeedForward(Module):
         return self.fc2(self.drop(self.act(self.fc1(x))))
 
     def backward(self, dy):
-        return self.fc1.backward(self.act.backward(self.drop.backward(self.fc2.backward(dy))))
+        dh = self.drop.backward(self.fc2.backward(dy))                  # (B, T, d_ff)
+        if self.act.name == "gelu" and dh is not dy:
+            # dh is a fresh array that only this method holds: GELU's gradient overwrites it,
+            # one (B, T, d_ff) array fewer per step.
+            return self.fc1.backward(self.act.backward(dh, out=dh))
+        return self.fc1.backward(self.act.backward(dh))
 
 
 class SinusoidalPositions(Module):

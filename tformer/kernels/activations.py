@@ -109,22 +109,30 @@ def gelu_forward(x, approximate="tanh"):
     raise ValueError(f"approximate: expected 'tanh' or 'none', got {approximate!r}")
 
 
-def gelu_backward(dy, cache):
+def gelu_backward(dy, cache, out=None):
     """dx = dy ⊙ GELU'(x).
 
     Exact: GELU'(x) = Φ(x) + x φ(x), with φ(x) = e^{−x²/2}/√(2π).
     Tanh form: with t = tanh(u), u = √(2/π)(x + c x³):
     GELU'(x) = ½(1 + t) + ½ x (1 − t²) √(2/π)(1 + 3c x²). With s = ½(1 + t) from the forward pass,
     1 − t² = 4 s (1 − s), so GELU'(x) = s [1 + 2 x u'(x) (1 − s)]: the same value, computed in place.
+    ``out``: an array of x's shape to write dx into (it may be ``dy`` itself), instead of a new one.
     """
     x, saved, approximate = cache
     _check_dy(dy, x.shape)
     if approximate == "tanh":
         xf, sf, dyf = x.reshape(-1), saved.reshape(-1), dy.reshape(-1)
-        dx = np.empty_like(xf)
+        if out is None:
+            dx = np.empty_like(xf)
+        elif out.shape != x.shape or out.dtype != x.dtype or not out.flags.c_contiguous:
+            raise ValueError(f"out: expected a C-contiguous {x.dtype} array of shape {x.shape}, "
+                             f"got {out.dtype} {out.shape}")
+        else:
+            dx = out.reshape(-1)
 
         def part(lo, hi):
-            xs, s, du = xf[lo:hi], sf[lo:hi], dx[lo:hi]
+            xs, s = xf[lo:hi], sf[lo:hi]
+            du = parallel.scratch("gelu_du", s.shape, s.dtype) if out is not None else dx[lo:hi]
             np.multiply(xs, xs, out=du)
             du *= _GELU_DB
             du += _GELU_DA
@@ -133,7 +141,7 @@ def gelu_backward(dy, cache):
             du *= w
             du += 1                                  # 1 + 2 x u'(x)(1 − s)
             du *= s
-            du *= dyf[lo:hi]
+            np.multiply(du, dyf[lo:hi], out=dx[lo:hi])
 
         parallel.parallel_for(part, xf.size, grain=_GRAIN)
         return dx.reshape(x.shape)
