@@ -144,7 +144,7 @@ def gelu_backward(dy, cache, out=None):
             np.multiply(du, dyf[lo:hi], out=dx[lo:hi])
 
         parallel.parallel_for(part, xf.size, grain=_GRAIN)
-        return dx.reshape(x.shape)
+        return dx.reshape(x.shape) if out is None else out
     phi_cdf = saved
     pdf = np.exp(-0.5 * x * x) * (1 / math.sqrt(2 * math.pi))
     return dy * (phi_cdf + x * pdf)
