@@ -245,3 +245,19 @@ def test_gelu_backward_into_out_and_into_dy_itself(threads):
     assert np.array_equal(alias, ref)
     with pytest.raises(ValueError, match="out: expected a C-contiguous float32 array of shape"):
         F.gelu_backward(dy, cache, out=np.empty((64, 1024)))
+
+
+def test_linear_backward_accumulates_into_running_gradients(threads):
+    threads(2)
+    rng = np.random.default_rng(4)
+    x, W, b = rng.standard_normal((300, 40)), rng.standard_normal((40, 30)), rng.standard_normal(30)
+    y, cache = F.linear_forward(x, W, b)
+    dy = rng.standard_normal(y.shape)
+    dx, dW, db = F.linear_backward(dy, cache)
+    gW, gb = rng.standard_normal(W.shape), rng.standard_normal(30)
+    want_W, want_b = gW + dW, gb + db
+    dx2, gW2, gb2 = F.linear_backward(dy, cache, accumulate=(gW, gb))
+    assert gW2 is gW and gb2 is gb and np.array_equal(dx2, dx)
+    assert np.array_equal(gW, want_W) and np.array_equal(gb, want_b)
+    with pytest.raises(ValueError, match=r"accumulate: expected arrays of shapes \(40, 30\) and \(30,\)"):
+        F.linear_backward(dy, cache, accumulate=(np.zeros((30, 40)), gb))

@@ -135,10 +135,9 @@ class Linear(Module):
 
     def backward(self, dy):
         """dy: (..., d_out) -> dx: (..., d_in); accumulates dW (and db)."""
-        dx, dW, db = F.linear_backward(dy, self._cache)
-        self.grads["W"] += dW
-        if db is not None:
-            self.grads["b"] += db
+        # dW and db are added into the running gradients by the kernel, in the thread that
+        # computed them (side by side with dX), not afterwards on this one.
+        dx, _, _ = F.linear_backward(dy, self._cache, accumulate=(self.grads["W"], self.grads.get("b")))
         return dx
 
 

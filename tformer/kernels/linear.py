@@ -38,13 +38,15 @@ def linear_forward(x, W, b=None):
     return y.reshape(*x.shape[:-1], W.shape[1]), (x, W, b is not None)
 
 
-def linear_backward(dy, cache):
+def linear_backward(dy, cache, accumulate=None):
     """dX = dY Wᵀ,  dW = Xᵀ dY,  db = Σ_rows dY.
 
     In the forward pass Y = X W + b, so each output row is a linear map of one input row:
     the input gradient goes back through Wᵀ, and the weight gradient sums the outer products
     xᵢᵀ dyᵢ over all ``N = B·T`` rows, which is exactly one GEMM ``X₂ᵀ dY₂``.
     Shapes: ``dy: (..., C_out)`` -> ``(dx: (..., C_in), dW: (C_in, C_out), db: (C_out,) or None)``.
+    ``accumulate=(gW, gb)``: add dW and db into these arrays (a module's running gradients), inside
+    the thread that computed them, and return them in place of dW and db.
     """
     x, W, has_b = cache
     if dy.shape != (*x.shape[:-1], W.shape[1]):
@@ -52,11 +54,22 @@ def linear_backward(dy, cache):
     dy2 = dy.reshape(-1, W.shape[1])                    # (N, C_out)
     x2 = x.reshape(-1, W.shape[0])                      # (N, C_in)
 
+    if accumulate is not None:
+        gW, gb = accumulate
+        if gW.shape != W.shape or (has_b and (gb is None or gb.shape != (W.shape[1],))):
+            raise ValueError(f"accumulate: expected arrays of shapes {W.shape} and ({W.shape[1]},), got "
+                             f"{gW.shape} and {None if gb is None else gb.shape}")
+
     def weight_grads():
         dW = x2.T @ dy2                                 # (C_in, C_out)
         # Σ over the N rows as a vector-matrix product 1ᵀ dY₂: BLAS sums rows faster than sum(axis=0).
         db = np.ones(dy2.shape[0], dy2.dtype) @ dy2 if has_b else None   # (C_out,)
-        return dW, db
+        if accumulate is None:
+            return dW, db
+        np.add(gW, dW, out=gW)
+        if has_b:
+            np.add(gb, db, out=gb)
+        return gW, (gb if has_b else None)
 
     # dX and dW cost the same N·C_in·C_out multiply-adds and share only their inputs: with threads
     # they run side by side, each a whole product, so no sum is ever split.
