@@ -60,18 +60,23 @@ def linear_backward(dy, cache, accumulate=None):
             raise ValueError(f"accumulate: expected arrays of shapes {W.shape} and ({W.shape[1]},), got "
                              f"{gW.shape} and {None if gb is None else gb.shape}")
 
-    def weight_grads():
-        dW = x2.T @ dy2                                 # (C_in, C_out)
+    def input_and_bias_grads():
+        dx = dy2 @ W.T                                  # (N, C_in)
         # Σ over the N rows as a vector-matrix product 1ᵀ dY₂: BLAS sums rows faster than sum(axis=0).
         db = np.ones(dy2.shape[0], dy2.dtype) @ dy2 if has_b else None   # (C_out,)
-        if accumulate is None:
-            return dW, db
-        np.add(gW, dW, out=gW)
-        if has_b:
+        if has_b and accumulate is not None:
             np.add(gb, db, out=gb)
-        return gW, (gb if has_b else None)
+            db = gb
+        return dx, db
+
+    def weight_grad():
+        dW = x2.T @ dy2                                 # (C_in, C_out)
+        if accumulate is None:
+            return dW
+        return np.add(gW, dW, out=gW)
 
     # dX and dW cost the same N·C_in·C_out multiply-adds and share only their inputs: with threads
-    # they run side by side, each a whole product, so no sum is ever split.
-    dx, (dW, db) = parallel.run_tasks(lambda: dy2 @ W.T, weight_grads)
+    # they run side by side, each a whole product, so no sum is ever split. db (a pass over dY)
+    # goes with dX, the accumulation into gW (a pass over W) with dW, to balance the two.
+    (dx, db), dW = parallel.run_tasks(input_and_bias_grads, weight_grad)
     return dx.reshape(x.shape), dW, db                  # (..., C_in), (C_in, C_out), (C_out,)
