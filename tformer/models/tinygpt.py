@@ -30,6 +30,7 @@ class TinyGPT(Module):
                                               dtype=dtype) for _ in range(n_layers))
         self.ln_f = LayerNorm(C, dtype=dtype)
         self.lm_head = Linear(C, vocab_size, True, self.rng, dtype, init_std=0.02)
+        self.flatten_parameters()          # one flat buffer of parameters, one of gradients
         self.max_len = max_len
         self._positions = (0, 0)
 
