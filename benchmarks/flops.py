@@ -6,8 +6,10 @@ With N_tok = B·T tokens, C = d_model, F = d_ff, V = vocab_size, L = n_layers:
 
 - **Forward, per layer**: the four projections W_qkv (C×3C), W_o (C×C), W_1 (C×F), W_2 (F×C) cost
   2·N_tok·(4C² + 2CF); attention costs 2·B·T²·C for S = QKᵀ and the same for Y = PV (summed over
-  the H heads of width D = C/H, so H·D = C). The full T×T score matrix is counted, as the code
-  computes it: a causal mask zeroes half of it after the fact, it does not skip the work.
+  the H heads of width D = C/H, so H·D = C). The full T×T score matrix is counted, the usual
+  convention for "model FLOPs" (nanoGPT's MFU, PaLM's appendix B), although the causal path of
+  ``attention_forward`` computes only the tiles on and below the diagonal (5/8 of them at T = 256),
+  as PyTorch's flash attention does too.
 - **Forward, head**: the LM head W_lm (C×V) costs 2·N_tok·C·V. Embedding lookups are gathers, 0 FLOPs.
 - **Backward**: every product Y = XW has two products in its backward (dX = dY Wᵀ and
   dW = Xᵀ dY) of the same size, and attention's two have four (dV, dP, dQ, dK): backward = 2 × forward.
