@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -261,3 +262,37 @@ def test_linear_backward_accumulates_into_running_gradients(threads):
     assert np.array_equal(gW, want_W) and np.array_equal(gb, want_b)
     with pytest.raises(ValueError, match=r"accumulate: expected arrays of shapes \(40, 30\) and \(30,\)"):
         F.linear_backward(dy, cache, accumulate=(np.zeros((30, 40)), gb))
+
+
+def test_two_calling_threads_share_the_workers_without_mixing_results(threads):
+    threads(3)
+    out = {}
+
+    def caller(tag):
+        got = []
+        for k in range(200):
+            a, b, c = parallel.run_tasks(lambda: (tag, k, 0), lambda: (tag, k, 1), lambda: (tag, k, 2))
+            got.append(a == (tag, k, 0) and b == (tag, k, 1) and c == (tag, k, 2))
+        out[tag] = all(got)
+
+    callers = [threading.Thread(target=caller, args=(tag,)) for tag in "ab"]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join()
+    assert out == {"a": True, "b": True}
+
+
+def test_an_error_is_raised_only_after_every_part_has_finished(threads):
+    threads(2)
+    finished = []
+
+    def part(lo, hi):
+        if lo == 0:
+            raise RuntimeError("first part failed")
+        time.sleep(0.05)
+        finished.append((lo, hi))
+
+    with pytest.raises(RuntimeError, match="first part failed"):
+        parallel.parallel_for(part, 100)
+    assert len(finished) == 1 and finished[0][1] == 100     # the other part ran to its end
