@@ -88,8 +88,7 @@ def instrument(prof):
     for name in F.__all__:
         if name.endswith(("_forward", "_backward")) or name == "cross_entropy":
             patch(F, name, name)
-    for name in ("softmax_backward", "_softmax_inplace",        # called from inside the attention kernel
-                 "_softmax_rows", "_softmax_backward_rows"):     # (the last two by its causal path)
+    for name in ("_softmax_inplace", "_softmax_backward_inplace"):   # called inside the attention kernel
         patch(_katt, name, name.lstrip("_"))
     classes = [getattr(layers, c) for c in _LAYER_CLASSES]
     classes += [attention.MultiHeadAttention, blocks.PreNormBlock, tinygpt.TinyGPT]

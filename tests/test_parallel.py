@@ -296,3 +296,11 @@ def test_an_error_is_raised_only_after_every_part_has_finished(threads):
     with pytest.raises(RuntimeError, match="first part failed"):
         parallel.parallel_for(part, 100)
     assert len(finished) == 1 and finished[0][1] == 100     # the other part ran to its end
+
+
+def test_causal_path_refuses_nan_like_the_masked_path():
+    q = np.random.default_rng(5).standard_normal((1, 2, 70, 4))
+    q[0, 1, 66, 2] = np.nan                                    # in the second tile
+    for kw in ({"is_causal": True}, {"mask": F.causal_mask(70)}):
+        with pytest.raises(ValueError, match="x: contains NaN or \\+inf"):
+            F.attention_forward(q, q, q, **kw)

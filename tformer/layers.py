@@ -322,9 +322,9 @@ class FeedForward(Module):
 
     def backward(self, dy):
         dh = self.drop.backward(self.fc2.backward(dy))                  # (B, T, d_ff)
-        if self.act.name == "gelu" and dh is not dy:
-            # dh is a fresh array that only this method holds: GELU's gradient overwrites it,
-            # one (B, T, d_ff) array fewer per step.
+        if self.act.name == "gelu":
+            # dh is fc2's fresh dX (or dropout's fresh product), held by nothing else: GELU's
+            # gradient overwrites it, one (B, T, d_ff) array fewer per step.
             return self.fc1.backward(self.act.backward(dh, out=dh))
         return self.fc1.backward(self.act.backward(dh))
 

@@ -39,24 +39,6 @@ def _check_float(name, value, low, high=math.inf, low_open=False, high_open=True
 _BLOCK = 1 << 18          # elements per cache block of an optimizer update (1 MiB in float32)
 
 
-def _balanced_groups(params, k):
-    """Deal ``(name, param, grad)`` triples into at most ``k`` groups of about equal total size
-    (largest first, each to the lightest group; deterministic). Entries that share one array (tied
-    weights) stay in one group, in their original order, so no array is updated by two threads."""
-    if k <= 1:
-        return [params]
-    by_array = {}
-    for entry in params:
-        by_array.setdefault(id(entry[1]), []).append(entry)
-    units = sorted(by_array.values(), key=lambda u: -u[0][1].size)
-    groups, loads = [[] for _ in range(k)], [0] * k
-    for unit in units:
-        i = loads.index(min(loads))
-        groups[i].extend(unit)
-        loads[i] += unit[0][1].size
-    return [g for g in groups if g]
-
-
 def _check_betas(betas):
     if not isinstance(betas, (tuple, list)) or len(betas) != 2:
         raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}")
@@ -135,57 +117,35 @@ class Optimizer:
                                  f"created; known parameters: {sorted(self.state)}")
         self.t += 1
         if self._flat is not None and (self.model.flat_buffers() or (None,))[0] is self._flat[0]:
-            self._step_flat()
+            # Every parameter at once: one sweep over the flat buffers, split across threads from
+            # about a million numbers (below that, a few dozen NumPy calls in two threads taking
+            # turns on the GIL are slower than in one).
+            P, G, slots = self._flat
+            parallel.parallel_for(lambda lo, hi: self._sweep(P, G, slots, lo, hi), P.size, grain=1 << 20)
             return
-        # Each parameter's update is independent of the others: with tformer.parallel threads the
-        # parameters are dealt into groups of about equal size, one group per thread. Below about
-        # a million numbers the updates are a few hundred tiny NumPy calls, and two threads taking
-        # turns on the GIL are slower than one (measured: 1.2 ms against 0.8 ms for 137k numbers).
-        n_values = sum(p.size for _, p, _ in params)
-        groups = _balanced_groups(params, parallel.get_num_threads() if n_values >= 1 << 20 else 1)
+        for name, param, grad in params:
+            state = self.state[name]
+            if all(a.flags.c_contiguous for a in (param, grad, *state.values())):
+                flat = {k: a.reshape(-1) for k, a in state.items()}   # views: they write through
+                self._sweep(param.reshape(-1), grad.reshape(-1), flat, 0, param.size)
+            else:
+                self._update(param, grad, state)
 
-        def update(lo, hi):
-            for group in groups[lo:hi]:
-                for name, param, grad in group:
-                    self._update_blocked(param, grad, self.state[name])
-
-        parallel.parallel_for(update, len(groups))
-
-    def _step_flat(self):
-        """Every parameter at once: the update is elementwise, so one sweep over the flat buffers,
-        in cache-sized blocks, split across threads from about a million numbers, computes exactly
-        what the per-parameter updates would."""
-        P, G, slots = self._flat
-
-        def part(lo, hi):
-            for a in range(lo, hi, _BLOCK):
-                b = min(a + _BLOCK, hi)
-                self._update(P[a:b], G[a:b], {s: x[a:b] for s, x in slots.items()})
-
-        parallel.parallel_for(part, P.size, grain=1 << 20)
-
-    def _update(self, param, grad, state):
-        raise NotImplementedError
-
-    def _update_blocked(self, param, grad, state):
-        """``_update`` on consecutive blocks of ``_BLOCK`` elements of a large parameter.
+    def _sweep(self, p, g, state, lo, hi):
+        """``_update`` on elements ``lo:hi`` of flat arrays, in consecutive blocks of ``_BLOCK``.
 
         Every update is elementwise, so a block is updated exactly as the whole would be; but a
         block's dozen passes (moments, bias correction, √, division, decay) then run over a few
         MiB that stay in cache instead of streaming the whole parameter from memory once per pass
         (measured on TinyGPT-large: 19 ms per step instead of 26; smaller blocks lose more to
         Python's per-call overhead than they gain).
-        Only C-contiguous arrays are split (their flat views write through to the parameter).
         """
-        arrays = [param, grad, *state.values()]
-        if param.size <= _BLOCK or not all(a.flags.c_contiguous for a in arrays):
-            self._update(param, grad, state)
-            return
-        p, g = param.reshape(-1), grad.reshape(-1)
-        flat = {k: a.reshape(-1) for k, a in state.items()}
-        for a in range(0, p.size, _BLOCK):
-            b = a + _BLOCK
-            self._update(p[a:b], g[a:b], {k: x[a:b] for k, x in flat.items()})
+        for a in range(lo, hi, _BLOCK):
+            b = min(a + _BLOCK, hi)
+            self._update(p[a:b], g[a:b], {k: x[a:b] for k, x in state.items()})
+
+    def _update(self, param, grad, state):
+        raise NotImplementedError
 
     # -- serialization -------------------------------------------------------------------------
 

@@ -65,6 +65,15 @@ def set_num_threads(n):
     return previous
 
 
+MIN_PART = 1 << 15  # elements of elementwise work below which a part costs more to hand off than it saves
+
+
+def grain_for(item_size):
+    """The ``grain`` for ``parallel_for`` over items of ``item_size`` elements each: at least
+    ``MIN_PART`` elements per part."""
+    return max(1, MIN_PART // max(1, item_size))
+
+
 def parallel_for(fn, n, grain=1):
     """Call ``fn(lo, hi)`` on contiguous ranges that cover ``[0, n)``, in parallel.
 

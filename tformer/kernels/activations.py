@@ -11,7 +11,6 @@ GELU_C = 0.044715
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 _GELU_A, _GELU_B = -2 * SQRT_2_OVER_PI, -2 * SQRT_2_OVER_PI * GELU_C        # −2u = x (a + b x²)
 _GELU_DA, _GELU_DB = 2 * SQRT_2_OVER_PI, 6 * SQRT_2_OVER_PI * GELU_C        # 2x u'(x) = x (a' + b' x²)
-_GRAIN = 1 << 15            # elements per thread below which an elementwise map is not split
 
 
 def _check_dy(dy, shape):
@@ -101,7 +100,7 @@ def gelu_forward(x, approximate="tanh"):
             np.reciprocal(u, out=u)                  # s = σ(2u) = ½(1 + tanh u), reused in backward
             np.multiply(xs, u, out=y[lo:hi])
 
-        parallel.parallel_for(part, xf.size, grain=_GRAIN)
+        parallel.parallel_for(part, xf.size, grain=parallel.grain_for(1))
         return y.reshape(x.shape), (x, s.reshape(x.shape), approximate)
     if approximate == "none":
         phi = (0.5 * (1.0 + _erf(x * (1 / math.sqrt(2.0))))).astype(x.dtype)
@@ -143,7 +142,7 @@ def gelu_backward(dy, cache, out=None):
             du *= s
             np.multiply(du, dyf[lo:hi], out=dx[lo:hi])
 
-        parallel.parallel_for(part, xf.size, grain=_GRAIN)
+        parallel.parallel_for(part, xf.size, grain=parallel.grain_for(1))
         return dx.reshape(x.shape) if out is None else out
     phi_cdf = saved
     pdf = np.exp(-0.5 * x * x) * (1 / math.sqrt(2 * math.pi))

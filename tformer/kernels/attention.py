@@ -5,7 +5,7 @@ import numpy as np
 
 from .. import parallel
 from .._validate import float_array, int_array, same_dtype
-from .softmax import _softmax_inplace, softmax_backward
+from .softmax import _softmax_backward_inplace, _softmax_inplace
 
 
 def causal_mask(T_q, T_k=None):
@@ -159,7 +159,7 @@ def _causal_forward(q, k, v, scale, y):
             St = S[lo:hi, ..., a:b, :b]                  # (..., b − a, b): this tile's live scores
             np.matmul(qs[..., a:b, :], k[lo:hi, ..., :b, :].swapaxes(-1, -2), out=St)
             np.copyto(St[..., a:b], -np.inf, where=above[b - a])
-            _softmax_rows(St)
+            _softmax_inplace(St)                         # P of the tile, over its scores
             S[lo:hi, ..., a:b, b:] = 0                   # keys after the tile: P = 0
             np.matmul(St, v[lo:hi, ..., :b, :], out=y[lo:hi, ..., a:b, :])
 
@@ -167,29 +167,12 @@ def _causal_forward(q, k, v, scale, y):
     return y, (q, k, v, S, scale, tiles)
 
 
-def _softmax_rows(x):
-    """Softmax along the last axis of a (possibly strided) block, in place; every row has at least
-    one finite entry (the causal diagonal), so no row is all −inf."""
-    x -= x.max(axis=-1, keepdims=True)
-    np.exp(x, out=x)
-    x /= np.matmul(x, np.ones(x.shape[-1], x.dtype))[..., None]
-
-
-def _softmax_backward_rows(g, s):
-    """g ← s ⊙ (g − ⟨g, s⟩) along the last axis, in place on a (possibly strided) block:
-    softmax_backward's arithmetic, without a new array."""
-    g -= np.vecdot(g, s)[..., None]
-    g *= s
-    return g
-
-
 def _split_axis(q):
     """(items, grain) for splitting attention along its first axis (the batch): each item is an
     independent set of heads. A 2-D call (no batch axis) is one item."""
     if q.ndim < 3:
         return 1, 1
-    per_item = q[0].size * 8              # rough cost of one item in elements touched
-    return q.shape[0], max(1, (1 << 15) // per_item)
+    return q.shape[0], parallel.grain_for(q[0].size * 8)   # ~8 elements touched per element of q
 
 
 def _items(lo, hi, ndim):
@@ -229,11 +212,12 @@ def attention_backward(dy, cache, out=None):
         at = _items(lo, hi, q.ndim)
         Pp, dyp = P[at], dy[at]
         np.matmul(Pp.swapaxes(-1, -2), dyp, out=dv[at])         # dV = Pᵀ dY   (..., T_k, D_v)
-        dP = dyp @ v[at].swapaxes(-1, -2)                       # (..., T_q, T_k)
-        dS = softmax_backward(dP, (Pp, -1))
-        dS *= scale
-        np.matmul(dS, k[at], out=dq[at])                        # dQ = scale · dS K   (..., T_q, D)
-        np.matmul(dS.swapaxes(-1, -2), q[at], out=dk[at])       # dK = scale · dSᵀ Q  (..., T_k, D)
+        dS = _softmax_backward_inplace(dyp @ v[at].swapaxes(-1, -2), Pp)   # dS/scale, over dP
+        np.matmul(dS, k[at], out=dq[at])
+        np.matmul(dS.swapaxes(-1, -2), q[at], out=dk[at])
+        # The scale multiplies dQ and dK (T × D each) instead of dS (T × T).
+        dq[at] *= scale                                         # dQ = scale · dS K   (..., T_q, D)
+        dk[at] *= scale                                         # dK = scale · dSᵀ Q  (..., T_k, D)
 
     parallel.parallel_for(seqs, *_split_axis(q))
     return dq, dk, dv
@@ -253,7 +237,7 @@ def _causal_backward(dy, q, k, v, P, scale, tiles, out):
             St = Pp[..., a:b, :b]
             dSt = dSp[..., a:b, :b]
             np.matmul(dyp[..., a:b, :], vs[..., :b, :].swapaxes(-1, -2), out=dSt)   # dP tile
-            _softmax_backward_rows(dSt, St)              # dS/scale = P ⊙ (dP − ⟨dP, P⟩), in place
+            _softmax_backward_inplace(dSt, St)           # dS/scale = P ⊙ (dP − ⟨dP, P⟩), in place
             np.matmul(dSt, ks[..., :b, :], out=dq[lo:hi, ..., a:b, :])
         for c, d in tiles:
             np.matmul(Pp[..., c:, c:d].swapaxes(-1, -2), dyp[..., c:, :], out=dv[lo:hi, ..., c:d, :])

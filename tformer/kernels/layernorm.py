@@ -43,7 +43,7 @@ def layernorm_forward(x, gamma, beta, eps=1e-5):
         xhat *= gamma
         xhat += beta                                       # y = γ ⊙ x̂ + β, in the same buffer
 
-    parallel.parallel_for(rows, N, grain=_grain(C))
+    parallel.parallel_for(rows, N, grain=parallel.grain_for(C))
     lead = x.shape[:-1]
     return y.reshape(x.shape), (x, gamma, mu.reshape(*lead, 1), rstd.reshape(*lead, 1))
 
@@ -78,14 +78,9 @@ def layernorm_backward(dy, cache):
         g -= np.multiply(xh, mean_gx, out=parallel.scratch("layernorm_t", xh.shape, xh.dtype))
         g *= r                                             # dx, written over g
 
-    parallel.parallel_for(rows, N, grain=_grain(C))
+    parallel.parallel_for(rows, N, grain=parallel.grain_for(C))
     # dγ and dβ sum over all N rows: each is one whole reduction (never split into partial sums).
     dgamma, dbeta = parallel.run_tasks(
         lambda: np.einsum("nc,nc->c", dy2, xhat),
         lambda: np.ones(N, dy.dtype) @ dy2)              # Σ over rows as one vector-matrix product
     return dx.reshape(x.shape), dgamma, dbeta
-
-
-def _grain(C):
-    """Rows per thread below which a LayerNorm is not split (about 32k elements)."""
-    return max(1, (1 << 15) // C)

@@ -82,7 +82,7 @@ def cross_entropy(logits, targets, ignore_index=None):
         ps[r, ts] -= total                               # e^{z_y − m} − Σ: times factor gives (p_y − 1)/N
         ps *= factor[:, None]
 
-    parallel.parallel_for(rows, N, grain=max(1, (1 << 15) // V))
+    parallel.parallel_for(rows, N, grain=parallel.grain_for(V))
     if not finite.all():
         raise FloatingPointError("cross_entropy: logits hold inf or NaN")
     loss = float(nll[valid].sum() / n)                   # one whole sum, whatever the thread count

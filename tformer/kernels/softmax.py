@@ -21,12 +21,12 @@ def softmax_forward(x, axis=-1):
 
 
 def _softmax_inplace(x):
-    """softmax_forward along the last axis, written over ``x`` itself (C-contiguous), returned.
+    """softmax_forward along the last axis, written over ``x`` itself, returned.
 
-    Also used directly on a scratch array that the caller owns (the attention scores S become the
-    probabilities P), so that no second array of x's size is made. The row sums are one BLAS
-    matrix-vector product x·1 (several times faster than ``sum(axis=-1)`` on rows of a few hundred
-    floats).
+    Also used directly on arrays that the caller owns: the attention scores S become the
+    probabilities P, so that no second array of x's size is made, and the causal path of attention
+    passes strided tiles of S. The row sums are BLAS matrix-vector products x·1 (several times
+    faster than ``sum(axis=-1)`` on rows of a few hundred floats).
     """
     m = x.max(axis=-1, keepdims=True)
     if np.isnan(m).any() or np.isposinf(m).any():
@@ -36,8 +36,7 @@ def _softmax_inplace(x):
         m = np.where(all_masked, 0, m)
     x -= m
     np.exp(x, out=x)
-    n = x.shape[-1]
-    total = (x.reshape(-1, n) @ np.ones(n, x.dtype)).reshape(*x.shape[:-1], 1)   # (..., 1)
+    total = np.matmul(x, np.ones(x.shape[-1], x.dtype))[..., None]   # (..., 1)
     if all_masked.any():
         total[all_masked] = 1                          # an all-zero row stays all zeros
     x /= total
@@ -54,7 +53,15 @@ def softmax_backward(ds, cache):
     s, axis = cache
     if ds.shape != s.shape:
         raise ValueError(f"ds: expected shape {s.shape}, got {ds.shape}")
-    # ⟨g, s⟩ per row as a dot product (np.vecdot: no temporary g ⊙ s), then one new array, the result.
-    dx = ds - np.expand_dims(np.vecdot(ds, s, axis=axis), axis)
-    dx *= s
-    return dx
+    return _softmax_backward_inplace(ds.copy(), s, axis)   # the one new array: the result
+
+
+def _softmax_backward_inplace(g, s, axis=-1):
+    """g ← s ⊙ (g − ⟨g, s⟩) along ``axis``, written over ``g`` (any strides), returned.
+
+    ⟨g, s⟩ per row is a dot product (np.vecdot: no temporary g ⊙ s). Attention calls this on its
+    own dP (or a tile of it), so that dS takes no array of its own.
+    """
+    g -= np.expand_dims(np.vecdot(g, s, axis=axis), axis)
+    g *= s
+    return g
