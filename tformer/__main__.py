@@ -58,7 +58,10 @@ def build_parser():
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    return args.func(args) or 0
+    # Under mpiexec, one rank of the job: rank 0 prints; an error on one rank aborts them all.
+    from .distributed import RankError, run_command
+    from .train import NonFiniteLossError
+    return run_command(args.func, args, consistent=(RankError, NonFiniteLossError))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,8 @@ class NonFiniteLossError(FloatingPointError):
 
 def train(model, optimizer, batch, forward_loss, steps, *, start_step=0, accum_steps=1,
           clip_norm=None, lr_schedule=None, evaluate=None, eval_every=0, checkpoint_path=None,
-          checkpoint_every=0, config=None, progress_bar=None, desc="train", log_every=1):
+          checkpoint_every=0, config=None, progress_bar=None, desc="train", log_every=1,
+          data_parallel=None):
     """Train ``model`` for steps ``start_step+1 .. steps``; returns the history dict.
 
     - ``accum_steps = k``: the gradient of one update is the mean over ``k`` micro-batches
@@ -38,6 +39,9 @@ def train(model, optimizer, batch, forward_loss, steps, *, start_step=0, accum_s
     - ``checkpoint_path``: written atomically every ``checkpoint_every`` steps and at the end.
     - A non-finite loss or gradient norm raises ``NonFiniteLossError`` before the update, so the
       parameters and the last checkpoint on disk stay those of the last good step.
+    - ``data_parallel`` (a ``tformer.distributed.DataParallel``; ``batch`` then gives this rank's
+      slice): after the backward passes the gradient and the loss are averaged over the ranks, and
+      the NaN guard, the norm and clipping act on the averaged values, the same on every rank.
 
     History: lists ``step``, ``loss``, ``lr``, ``grad_norm``, ``time``, and ``eval`` (a list of
     ``(step, metrics)`` pairs).
@@ -55,21 +59,26 @@ def train(model, optimizer, batch, forward_loss, steps, *, start_step=0, accum_s
         if lr_schedule is not None:
             optimizer.lr = lr_schedule(step)
         model.zero_grad()
-        loss = 0.0
+        loss, cause = 0.0, None
         for i in range(accum_steps):
             try:
                 l, dout = forward_loss(model, batch((step - 1) * accum_steps + i))
             except FloatingPointError as e:        # a loss kernel refusing inf/NaN input
                 l, cause = float("nan"), e
-            else:
-                cause = None
-            if not math.isfinite(l):
-                where = f"; the last good checkpoint is {last_good}" if last_good else ""
-                raise NonFiniteLossError(f"step {step}: the loss is {l}; training stopped before "
-                                         f"the update{where}") from cause
             loss += l / accum_steps
+            if not math.isfinite(loss):
+                if data_parallel is None:
+                    break
+                continue                           # the other ranks wait for this one's gradient
             model.backward(dout / accum_steps if accum_steps > 1 else dout)
-        norm = clip_grad_norm(model, clip_norm or NO_CLIP)       # scales only if finite and too big
+        if data_parallel is not None:              # g ← (1/p) Σ_r g_r, and the mean loss
+            loss = data_parallel.reduce_gradients(model, loss)
+        if not math.isfinite(loss):
+            where = f"; the last good checkpoint is {last_good}" if last_good else ""
+            raise NonFiniteLossError(f"step {step}: the loss is {loss}; training stopped before "
+                                     f"the update{where}") from cause
+        clip = data_parallel.clip_grad_norm if data_parallel is not None else clip_grad_norm
+        norm = clip(model, clip_norm or NO_CLIP)                 # scales only if finite and too big
         if not math.isfinite(norm):
             where = f"; the last good checkpoint is {last_good}" if last_good else ""
             raise NonFiniteLossError(f"step {step}: the gradient norm is {norm}; training stopped "
@@ -86,7 +95,8 @@ def train(model, optimizer, batch, forward_loss, steps, *, start_step=0, accum_s
             hist["eval"].append((step, evaluate(model)))
             model.train()
         if checkpoint_path and ((checkpoint_every and step % checkpoint_every == 0) or step == steps):
-            save_checkpoint(checkpoint_path, model, optimizer, config, step)
+            save = data_parallel.save_checkpoint if data_parallel is not None else save_checkpoint
+            save(checkpoint_path, model, optimizer, config, step)
             last_good = os.fspath(checkpoint_path)
         if hasattr(bar, "set_postfix") and not bar.disable:
             bar.set_postfix(loss=f"{loss:.4g}", refresh=False)

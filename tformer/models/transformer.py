@@ -68,6 +68,7 @@ class Transformer(Module):
                                  for _ in range(n_layers))
         self.ln_f = LayerNorm(C, dtype=dtype)
         self.proj = Linear(C, vocab_size, True, self.rng, dtype)
+        self.flatten_parameters()          # one flat buffer of parameters, one of gradients
         self.vocab_size, self.max_len, self.pad_idx = vocab_size, max_len, pad_idx
 
     def forward(self, tokens, padding_mask=None):

@@ -5,16 +5,24 @@ installation (``tformer.data.text.STDLIB_MODULES``); ``--text FILE`` trains on a
 Losses are reported in bits per byte next to the corpus's unigram entropy, the loss of the best
 model that ignores context; the run ends by stating how far below it the validation loss got.
 
+Under ``mpiexec -n p`` the run is data parallel (``tformer.distributed``): ``--batch-size`` stays the
+global batch, rank r trains on its slice of every batch, the gradients are averaged over the ranks,
+and rank 0 alone prints and writes the checkpoint; ``--zero`` also shards AdamW's state (ZeRO-1).
+``--resume`` continues from ``--checkpoint`` (written every ``--checkpoint-every`` steps) bit for bit
+in the same world size, and in any other up to float rounding.
+
 ``python -m tformer`` runs with one BLAS thread unless ``OPENBLAS_NUM_THREADS`` says otherwise (see
 ``tformer/__main__.py``): at this size a second thread gains little on an idle machine and costs a lot
 on a busy one. The default run takes about 3.5 minutes here.
 """
 import math
+import os
 import time
 
 from .. import functional as F
-from ..checkpoint import save_checkpoint
+from ..checkpoint import load_checkpoint, save_checkpoint
 from ..data.text import TextData, bits_per_byte, decode, encode, evaluate_loss, unigram_cross_entropy
+from ..distributed import DataParallel, RankError, check_global_batch, get_world, local_slice
 from ..generate import sample
 from ..models.tinygpt import TinyGPT
 from ..optim import AdamW, cosine_with_warmup
@@ -49,6 +57,10 @@ def add_arguments(p):
     g.add_argument("--eval-every", type=int, default=100, help="evaluate every this many steps")
     g.add_argument("--seed", type=int, default=0, help="seeds the initialisation and the batches")
     g.add_argument("--checkpoint", default=DEFAULT_CHECKPOINT, help="where to save the model")
+    g.add_argument("--checkpoint-every", type=int, default=100, help="write the checkpoint every this many steps")
+    g.add_argument("--resume", action="store_true", help="continue from --checkpoint if it exists")
+    g.add_argument("--zero", action="store_true",
+                   help="under mpiexec: shard AdamW's state across the ranks (ZeRO stage 1)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g = p.add_argument_group("samples")
     g.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt of the printed samples")
@@ -77,8 +89,29 @@ def forward_loss(model, batch):
     return F.cross_entropy(model.forward(x), y)
 
 
+def _resume(args, model, opt, dp, world):
+    """Load ``--checkpoint`` into model and optimizer if it exists (on every rank alike); the step."""
+    with world.together("--resume"):
+        exists = os.path.exists(args.checkpoint)
+    if len(set(world.allgather_object(exists))) > 1:
+        raise RankError(f"--resume: {args.checkpoint!r} exists on some ranks only; put the "
+                        f"checkpoint on a file system that every host sees")
+    if not exists:
+        print(f"no checkpoint at {args.checkpoint}: starting at step 0")
+        return 0
+    if dp is not None:
+        meta = dp.load_checkpoint(args.checkpoint, model, opt)
+    else:
+        meta = load_checkpoint(args.checkpoint, model, opt)
+    print(f"resumed from {args.checkpoint} at step {meta['step']}")
+    return meta["step"]
+
+
 def main(args):
     t0 = time.perf_counter()
+    world = get_world()
+    with world.together("checking the flags"):
+        local_batch = check_global_batch(args.batch_size, world, "--batch-size")
     data = _data(args)
     source = args.text or f"{len(data.names)} standard-library modules"
     H = data.unigram_entropy("corpus")
@@ -88,7 +121,15 @@ def main(args):
           f"(a unigram model fitted on train scores {H_val:.3f} on val)")
     model = TinyGPT(d_model=args.d_model, n_heads=args.n_heads, n_layers=args.n_layers,
                     max_len=args.max_len, seed=args.seed)
-    opt = AdamW(model, lr=args.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=args.weight_decay)
+    dp = DataParallel(model, world, zero=args.zero) if world.size > 1 or args.zero else None
+
+    def make_optimizer(m):
+        return AdamW(m, lr=args.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=args.weight_decay)
+    opt = dp.optimizer(make_optimizer) if dp is not None else make_optimizer(model)
+    start = _resume(args, model, opt, dp, world) if args.resume else 0
+    if world.size > 1:
+        print(f"data parallel: {world.size} processes, {local_batch} windows of the global batch "
+              f"each{', optimizer state sharded (ZeRO-1)' if args.zero else ''}")
     print(f"TinyGPT: C={args.d_model}, {args.n_heads} heads, {args.n_layers} layers, "
           f"T={args.max_len}, {model.num_parameters():,} parameters; B={args.batch_size}, "
           f"{args.steps} steps")
@@ -99,23 +140,32 @@ def main(args):
         return cosine_with_warmup(step, args.lr, warmup, args.steps, args.min_lr)
 
     evaluate = make_evaluate(data, args.eval_windows)
-    hist = train(model, opt, data.batch, forward_loss, args.steps, clip_norm=args.clip,
+    batch = data.batch if dp is None else (lambda i: local_slice(data.batch(i), world))
+    hist = train(model, opt, batch, forward_loss, args.steps, start_step=start, clip_norm=args.clip,
                  lr_schedule=schedule, evaluate=evaluate, eval_every=args.eval_every,
-                 checkpoint_path=args.checkpoint, checkpoint_every=args.eval_every,
-                 progress_bar=False if args.no_progress else None, desc="tinygpt")
+                 checkpoint_path=args.checkpoint, checkpoint_every=args.checkpoint_every,
+                 progress_bar=False if args.no_progress else None, desc="tinygpt",
+                 data_parallel=dp)
+    if not hist["eval"]:                                     # resumed at the last step
+        hist["eval"].append((args.steps, evaluate(model.eval())))
     for step, m in hist["eval"]:
         print(f"step {step:5d}: train {m['train_bpb']:.3f} bits/byte, val {m['val_bpb']:.3f} bits/byte")
     final = hist["eval"][-1][1]
     below = 1.0 - final["val_bpb"] / H
     train_time = hist["time"][-1] if hist["time"] else 0.0
-    save_checkpoint(args.checkpoint, model, opt, step=args.steps, extra={
+    save = dp.save_checkpoint if dp is not None else save_checkpoint
+    save(args.checkpoint, model, opt, step=args.steps, extra={
         "corpus": source, "unigram_entropy_bpb": H, "train_bpb": final["train_bpb"],
-        "val_bpb": final["val_bpb"], "train_seconds": train_time,
+        "val_bpb": final["val_bpb"], "train_seconds": train_time, "world_size": world.size,
         "eval": [[s, m] for s, m in hist["eval"]]})
+    if not world.is_root:                                    # rank 0 alone prints the samples
+        return 0 if math.isfinite(final["val_bpb"]) else 1
     print(f"validation: {final['val_bpb']:.3f} bits/byte vs unigram entropy {H:.3f} bits/byte: "
           f"{100 * below:.1f}% below (ratio {final['val_bpb'] / H:.3f}); "
           f"train {final['train_bpb']:.3f} bits/byte")
-    print(f"checkpoint: {args.checkpoint} (training {train_time:.0f} s)")
+    done = args.steps - start
+    print(f"checkpoint: {args.checkpoint} (training {train_time:.0f} s for {done} steps, "
+          f"{done / train_time if train_time else float('nan'):.2f} steps/s with the evaluations)")
     prompt = encode(args.prompt)[None, :]                                  # (1, T0)
     if prompt.shape[1] == 0:
         prompt = encode("\n")[None, :]
