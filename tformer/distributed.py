@@ -98,11 +98,13 @@ class World:
         """Run a block that may fail on some ranks only (a check of the flags, reading a checkpoint),
         then agree: if any rank failed, *every* rank raises ``RankError`` with the first failing
         rank's message, so that all exit with an error and none waits in a collective for a rank
-        that is gone. The block must not communicate."""
+        that is gone. The block must not communicate. In a world of one, the error itself."""
         error = None
         try:
             yield
         except Exception as e:                     # noqa: BLE001 (every error is passed on)
+            if self.size == 1:
+                raise
             error = e
         messages = self.allgather_object(None if error is None else f"{type(error).__name__}: {error}")
         failed = [(r, m) for r, m in enumerate(messages) if m is not None]
@@ -320,7 +322,12 @@ class ShardedOptimizer:
         return self.inner.t
 
     def step(self):
+        """Update this rank's shard, then gather the whole θ on every rank."""
         self.inner.step()
+        self.gather_parameters()
+
+    def gather_parameters(self):
+        """θ[lo_r:hi_r] of every rank r into every rank's flat buffer: one in-place Allgatherv."""
         dp = self.dp
         if dp.world.size > 1:
             from mpi4py import MPI
