@@ -53,6 +53,12 @@ def build_parser():
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
         gen.add_arguments(p)
         p.set_defaults(func=gen.main)
+    mp = _load("many_processes")
+    if mp is not None:
+        p = sub.add_parser("many-processes", help="measure data-parallel training over MPI (JSON)",
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        mp.add_arguments(p)
+        p.set_defaults(func=mp.main)
     return parser
 
 

@@ -399,6 +399,40 @@ class _StateDict(dict):
         return self
 
 
+# -- the algorithm inside MPI_Allreduce, written out -------------------------------------------
+
+def ring_allreduce(buffers):
+    """The ring all-reduce of p buffers of N numbers, step by step: ``(sums, sent)``.
+
+    Each buffer is cut into p chunks. Reduce-scatter: in step s = 0 … p−2, rank r sends chunk
+    (r − s) mod p to rank r+1, which adds it to its own; after p−1 steps rank r holds the full sum of
+    chunk (r + 1) mod p. All-gather: p−1 more steps pass the summed chunks around the ring, each rank
+    overwriting its copy. Every rank sends 2(p−1) chunks of N/p numbers: 2(p−1)/p · N in all,
+    whatever p. ``sent[r]`` counts the numbers rank r sent; ``sums[r]`` is Σ_q buffers[q] on rank r.
+    (An illustration in NumPy of what MPI does over the wire; training calls MPI itself.)
+    """
+    p = len(buffers)
+    bufs = [np.array(b, dtype=np.float64).reshape(-1) for b in buffers]              # p × (N,)
+    bounds = shard_bounds(bufs[0].size, p)
+    chunk = [slice(int(bounds[c]), int(bounds[c + 1])) for c in range(p)]
+    sent = [0] * p
+    for phase in ("reduce-scatter", "all-gather"):
+        for s in range(p - 1):
+            # every rank sends at once: gather the messages first, then deliver them
+            msgs = []
+            for r in range(p):
+                c = (r - s) % p if phase == "reduce-scatter" else (r + 1 - s) % p
+                msgs.append((r, c, bufs[r][chunk[c]].copy()))
+                sent[r] += msgs[-1][2].size
+            for r, c, data in msgs:
+                dst = (r + 1) % p
+                if phase == "reduce-scatter":
+                    bufs[dst][chunk[c]] += data
+                else:
+                    bufs[dst][chunk[c]] = data
+    return bufs, sent
+
+
 # -- launching ---------------------------------------------------------------------------------
 
 def find_mpiexec():

@@ -1,0 +1,219 @@
+"""``python -m tformer many-processes``: the measurements of the chapter "Many processes" (JSON).
+
+It launches ``mpiexec -n 2`` jobs on this host (``tformer.distributed.launch``; one BLAS thread and
+one tformer thread per rank) and writes one JSON file with the configuration, the git commit and:
+
+- ``allreduce``: the median time of an in-place Allreduce of a float32 buffer of N numbers, for
+  several N, between 2 processes (shared memory), and the fit t = a + b·N;
+- ``speed``: seconds per TinyGPT training step at two sizes with 1 process, 2 processes and
+  2 processes with ZeRO-1 (median over the timed steps), and the part of a step spent in the
+  gradient's collectives (the all-reduce; with ZeRO-1 the reduce-scatter and the all-gather);
+- ``curves``: the loss of every step, and the final validation bits/byte, of one short TinyGPT
+  run with 1 and with 2 processes and the same global batch.
+
+``--worker`` runs one job's body (one rank of it); the driver launches it and reads its JSON.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from .. import functional as F
+from ..data.text import TextData, bits_per_byte, evaluate_loss
+from ..distributed import DataParallel, get_world, launch, local_slice
+from ..models.tinygpt import TinyGPT
+from ..optim import AdamW, cosine_with_warmup
+from ..train import train
+
+DEFAULT_OUT = "book/data/many_processes.json"
+SIZES = {"small": dict(d_model=128, n_heads=4, n_layers=3),          # the default run's model
+         "large": dict(d_model=256, n_heads=4, n_layers=4)}
+CURVE = dict(d_model=64, n_heads=4, n_layers=2, max_len=64, batch_size=32, steps=150, lr=3e-3,
+             warmup=15, seed=0)
+
+
+def add_arguments(p):
+    p.add_argument("--out", default=DEFAULT_OUT, help="the JSON file to write")
+    p.add_argument("--lengths", default="1000,10000,100000,300000,1000000,3000000",
+                   help="buffer sizes N (float32 numbers) of the all-reduce timings")
+    p.add_argument("--reps", type=int, default=30, help="timed all-reduces per size (after 3 untimed)")
+    p.add_argument("--speed-steps", type=int, default=20, help="timed training steps per speed run")
+    p.add_argument("--speed-batch", type=int, default=64, help="global batch of the speed runs")
+    p.add_argument("--repeats", type=int, default=2, help="rounds of the speed runs (interleaved)")
+    p.add_argument("--curve-steps", type=int, default=CURVE["steps"], help="steps of the loss curves")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+
+
+# -- the bodies of the jobs (one rank each) ----------------------------------------------------
+
+def allreduce_times(world, lengths, reps):
+    """Median seconds of ``Allreduce(IN_PLACE)`` of float32 buffers of each length (rank 0's clock;
+    a barrier before each call, so every call starts together)."""
+    out = []
+    for n in lengths:
+        buf = np.ones(n, np.float32)
+        times = []
+        for i in range(reps + 3):
+            world.barrier()
+            t = time.perf_counter()
+            world.allreduce_sum(buf)
+            if i >= 3:
+                times.append(time.perf_counter() - t)
+        out.append(float(np.median(times)))
+    return out
+
+
+def train_job(world, model_kw, T, B, steps, lr, warmup, seed, zero=False, evaluate=False, stop=None):
+    """TinyGPT trained for ``steps`` on the standard-library corpus, data parallel over ``world``
+    (``stop``: only the first ``stop`` steps of that run, the same learning rates).
+
+    Returns the loss of every step, each step's seconds, each step's seconds in the collectives of
+    the gradient (and parameters), and, if ``evaluate``, the final validation bits/byte."""
+    data = TextData.from_stdlib(T, B, 0.1, seed)
+    model = TinyGPT(max_len=T, seed=seed, **model_kw)
+    dp = DataParallel(model, world, zero=zero) if world.size > 1 or zero else None
+
+    def make(m):
+        return AdamW(m, lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    opt = dp.optimizer(make) if dp is not None else make(model)
+    comm = [0.0] * ((stop or steps) + 1)
+    step_of = {"i": 0}
+    if dp is not None:
+        def timed(fn):
+            def wrapper(*a):
+                t = time.perf_counter()
+                r = fn(*a)
+                comm[step_of["i"]] += time.perf_counter() - t
+                return r
+            return wrapper
+        reduce = timed(dp.reduce_gradients)
+
+        def reduce_and_count(m, loss):
+            step_of["i"] += 1
+            return reduce(m, loss)
+        dp.reduce_gradients = reduce_and_count
+        if zero:
+            opt.gather_parameters = timed(opt.gather_parameters)
+
+    def forward_loss(m, batch):
+        x, y = batch
+        return F.cross_entropy(m.forward(x), y)
+
+    batch = data.batch if dp is None else (lambda i: local_slice(data.batch(i), world))
+    hist = train(model, opt, batch, forward_loss, stop or steps, clip_norm=1.0, progress_bar=False,
+                 lr_schedule=lambda s: cosine_with_warmup(s, lr, min(warmup, steps - 1), steps, 0.1 * lr),
+                 data_parallel=dp)
+    result = {"loss": hist["loss"], "step_seconds": np.diff([0.0] + hist["time"]).tolist(),
+              "comm_seconds": comm[1:], "parameters": model.num_parameters()}
+    if evaluate:
+        x, y = data.windows("val", 128)
+        result["val_bpb"] = bits_per_byte(evaluate_loss(model.eval(), x, y))
+    return result
+
+
+def worker(spec):
+    """One rank of a job described by ``spec`` (a dict); rank 0 writes its result to spec["out"]."""
+    world = get_world()
+    if spec["kind"] == "allreduce":
+        result = {"seconds": allreduce_times(world, spec["lengths"], spec["reps"])}
+    else:
+        result = train_job(world, **spec["train"])
+    result["world_size"] = world.size
+    if world.is_root:
+        with open(spec["out"], "w") as f:
+            json.dump(result, f)
+    return 0
+
+
+# -- the driver --------------------------------------------------------------------------------
+
+def run_job(spec, n):
+    """Run ``worker(spec)`` with ``n`` processes (1: a plain process, no MPI); its result dict."""
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        spec = dict(spec, out=path)
+        argv = ["-m", "tformer", "many-processes", "--worker", json.dumps(spec)]
+        env = dict(os.environ, TFORMER_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+        if n == 1:
+            r = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True,
+                               timeout=3600)
+        else:
+            r = launch(n, argv, timeout=3600, env=env)
+        if r.returncode != 0:
+            raise RuntimeError(f"the job {spec['kind']} with {n} processes failed:\n{r.stderr}")
+        with open(path) as f:
+            return json.load(f)
+    finally:
+        os.remove(path)
+
+
+def git_commit():
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def speed_summary(runs, warm=3):
+    """Median seconds per step and per step in the collectives, the first ``warm`` steps left out."""
+    step = [s for r in runs for s in r["step_seconds"][warm:]]
+    comm = [s for r in runs for s in r["comm_seconds"][warm:]]
+    return {"seconds_per_step": float(np.median(step)), "comm_seconds_per_step": float(np.median(comm)),
+            "parameters": runs[0]["parameters"]}
+
+
+def main(args):
+    if args.worker is not None:
+        return worker(json.loads(args.worker))
+    t0 = time.perf_counter()
+    lengths = [int(n) for n in args.lengths.split(",")]
+    ar = run_job({"kind": "allreduce", "lengths": lengths, "reps": args.reps}, 2)["seconds"]
+    a, b = np.polyfit(np.array(lengths, float), np.array(ar), 1)[::-1]        # t = a + b·N
+    print("all-reduce, 2 processes: " + ", ".join(f"N={n:,}: {t * 1e6:.0f} µs" for n, t in zip(lengths, ar)))
+    print(f"fit t = a + b·N: a = {a * 1e6:.1f} µs, b = {b * 1e9:.3f} ns per float32 number")
+    speed = {}
+    for name, kw in SIZES.items():
+        job = {"kind": "train", "train": dict(model_kw=kw, T=64, B=args.speed_batch,
+                                              steps=args.speed_steps + 3, lr=3e-3, warmup=3, seed=0)}
+        runs = {"1": [], "2": [], "2-zero1": []}
+        for _ in range(args.repeats):                     # interleaved: the load changes slowly
+            runs["1"].append(run_job(job, 1))
+            runs["2"].append(run_job(job, 2))
+            runs["2-zero1"].append(run_job(dict(job, train=dict(job["train"], zero=True)), 2))
+        speed[name] = {"model": kw, **{k: speed_summary(v) for k, v in runs.items()}}
+        s = speed[name]
+        print(f"{name} ({s['1']['parameters']:,} parameters): "
+              + ", ".join(f"{k} processes {1 / v['seconds_per_step']:.2f} steps/s "
+                          f"({100 * v['comm_seconds_per_step'] / v['seconds_per_step']:.0f}% in collectives)"
+                          for k, v in s.items() if k != "model"))
+    curve_job = {"kind": "train", "train": dict(
+        model_kw={k: CURVE[k] for k in ("d_model", "n_heads", "n_layers")}, T=CURVE["max_len"],
+        B=CURVE["batch_size"], steps=args.curve_steps, lr=CURVE["lr"], warmup=CURVE["warmup"],
+        seed=CURVE["seed"], evaluate=True)}
+    curves = {str(n): run_job(curve_job, n) for n in (1, 2)}
+    for n, c in curves.items():
+        print(f"loss curve, {n} process(es): final loss {c['loss'][-1]:.4f}, val {c['val_bpb']:.4f} bits/byte")
+    result = {
+        "command": "python -m tformer many-processes " + " ".join(sys.argv[2:]),
+        "commit": git_commit(), "config": {k: v for k, v in vars(args).items() if k not in ("func", "worker")},
+        "threads_per_process": 1, "curve_config": dict(CURVE, steps=args.curve_steps),
+        "allreduce": {"processes": 2, "dtype": "float32", "lengths": lengths, "seconds": ar,
+                      "fit": {"a_seconds": float(a), "b_seconds_per_number": float(b)}},
+        "speed": speed, "speed_config": {"T": 64, "batch_size": args.speed_batch, "timed_steps": args.speed_steps},
+        "curves": {n: {"loss": c["loss"], "val_bpb": c["val_bpb"]} for n, c in curves.items()},
+        "seconds": time.perf_counter() - t0,
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    tmp = args.out + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(result, f, indent=1)
+    os.replace(tmp, args.out)
+    print(f"wrote {args.out} ({result['seconds']:.0f} s)")
+    return 0
