@@ -161,6 +161,14 @@ def git_commit():
         return None
 
 
+def fit_line(lengths, seconds):
+    """``(a, b)`` of t = a + b·N, least squares on the *relative* residuals (weights 1/t), so that
+    the microsecond latencies of small buffers count as much as the milliseconds of large ones."""
+    t = np.asarray(seconds, float)
+    b, a = np.polyfit(np.asarray(lengths, float), t, 1, w=1.0 / t)
+    return float(a), float(b)
+
+
 def speed_summary(runs, warm=3):
     """Median seconds per step and per step in the collectives, the first ``warm`` steps left out."""
     step = [s for r in runs for s in r["step_seconds"][warm:]]
@@ -175,7 +183,7 @@ def main(args):
     t0 = time.perf_counter()
     lengths = [int(n) for n in args.lengths.split(",")]
     ar = run_job({"kind": "allreduce", "lengths": lengths, "reps": args.reps}, 2)["seconds"]
-    a, b = np.polyfit(np.array(lengths, float), np.array(ar), 1)[::-1]        # t = a + b·N
+    a, b = fit_line(lengths, ar)
     print("all-reduce, 2 processes: " + ", ".join(f"N={n:,}: {t * 1e6:.0f} µs" for n, t in zip(lengths, ar)))
     print(f"fit t = a + b·N: a = {a * 1e6:.1f} µs, b = {b * 1e9:.3f} ns per float32 number")
     speed = {}
@@ -205,7 +213,7 @@ def main(args):
         "commit": git_commit(), "config": {k: v for k, v in vars(args).items() if k not in ("func", "worker")},
         "threads_per_process": 1, "curve_config": dict(CURVE, steps=args.curve_steps),
         "allreduce": {"processes": 2, "dtype": "float32", "lengths": lengths, "seconds": ar,
-                      "fit": {"a_seconds": float(a), "b_seconds_per_number": float(b)}},
+                      "fit": {"a_seconds": a, "b_seconds_per_number": b}},
         "speed": speed, "speed_config": {"T": 64, "batch_size": args.speed_batch, "timed_steps": args.speed_steps},
         "curves": {n: {"loss": c["loss"], "val_bpb": c["val_bpb"]} for n, c in curves.items()},
         "seconds": time.perf_counter() - t0,
