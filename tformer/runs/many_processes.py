@@ -6,8 +6,9 @@ one tformer thread per rank) and writes one JSON file with the configuration, th
 - ``allreduce``: the median time of an in-place Allreduce of a float32 buffer of N numbers, for
   several N, between 2 processes (shared memory), and the fit t = a + b·N;
 - ``speed``: seconds per TinyGPT training step at two sizes with 1 process, 2 processes and
-  2 processes with ZeRO-1 (median over the timed steps), and the part of a step spent in the
-  gradient's collectives (the all-reduce; with ZeRO-1 the reduce-scatter and the all-gather);
+  2 processes with ZeRO-1 (median over the timed steps), the part of a step spent in the
+  gradient's collectives (the all-reduce; with ZeRO-1 the reduce-scatter and the all-gather), and
+  the part spent waiting, before them, for the other rank to finish its backward pass;
 - ``curves``: the loss of every step, and the final validation bits/byte, of one short TinyGPT
   run with 1 and with 2 processes and the same global batch.
 
@@ -82,6 +83,7 @@ def train_job(world, model_kw, T, B, steps, lr, warmup, seed, zero=False, evalua
         return AdamW(m, lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
     opt = dp.optimizer(make) if dp is not None else make(model)
     comm = [0.0] * ((stop or steps) + 1)
+    wait = [0.0] * ((stop or steps) + 1)
     step_of = {"i": 0}
     if dp is not None:
         def timed(fn):
@@ -94,7 +96,12 @@ def train_job(world, model_kw, T, B, steps, lr, warmup, seed, zero=False, evalua
         reduce = timed(dp.reduce_gradients)
 
         def reduce_and_count(m, loss):
+            # a barrier first, timed apart: the time a rank waits for the slower one to finish its
+            # backward pass is not the collective's
             step_of["i"] += 1
+            t = time.perf_counter()
+            world.barrier()
+            wait[step_of["i"]] += time.perf_counter() - t
             return reduce(m, loss)
         dp.reduce_gradients = reduce_and_count
         if zero:
@@ -109,7 +116,7 @@ def train_job(world, model_kw, T, B, steps, lr, warmup, seed, zero=False, evalua
                  lr_schedule=lambda s: cosine_with_warmup(s, lr, min(warmup, steps - 1), steps, 0.1 * lr),
                  data_parallel=dp)
     result = {"loss": hist["loss"], "step_seconds": np.diff([0.0] + hist["time"]).tolist(),
-              "comm_seconds": comm[1:], "parameters": model.num_parameters()}
+              "comm_seconds": comm[1:], "wait_seconds": wait[1:], "parameters": model.num_parameters()}
     if evaluate:
         x, y = data.windows("val", 128)
         result["val_bpb"] = bits_per_byte(evaluate_loss(model.eval(), x, y))
@@ -173,8 +180,9 @@ def speed_summary(runs, warm=3):
     """Median seconds per step and per step in the collectives, the first ``warm`` steps left out."""
     step = [s for r in runs for s in r["step_seconds"][warm:]]
     comm = [s for r in runs for s in r["comm_seconds"][warm:]]
+    wait = [s for r in runs for s in r["wait_seconds"][warm:]]
     return {"seconds_per_step": float(np.median(step)), "comm_seconds_per_step": float(np.median(comm)),
-            "parameters": runs[0]["parameters"]}
+            "wait_seconds_per_step": float(np.median(wait)), "parameters": runs[0]["parameters"]}
 
 
 def main(args):
