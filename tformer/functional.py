@@ -15,7 +15,10 @@ from .kernels.layernorm import layernorm_backward, layernorm_forward
 from .kernels.linear import linear_backward, linear_forward
 from .kernels.losses import cross_entropy, mse_loss
 from .kernels.positional import sinusoidal_positions
+from .kernels.rmsnorm import rmsnorm_backward, rmsnorm_forward
+from .kernels.rope import rope_angles, rope_backward, rope_forward
 from .kernels.softmax import softmax_backward, softmax_forward
+from .kernels.swiglu import swiglu_backward, swiglu_forward
 
 __all__ = [
     "linear_forward", "linear_backward", "embedding_forward", "embedding_backward",
@@ -25,4 +28,6 @@ __all__ = [
     "dropout_forward", "dropout_backward", "attention_forward", "attention_backward",
     "causal_mask", "padding_mask", "create_padding_mask", "split_heads", "merge_heads",
     "mse_loss", "cross_entropy", "sinusoidal_positions",
+    "rmsnorm_forward", "rmsnorm_backward", "rope_forward", "rope_backward", "rope_angles",
+    "swiglu_forward", "swiglu_backward",
 ]

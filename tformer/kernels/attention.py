@@ -1,4 +1,4 @@
-"""Scaled dot-product attention kernel, its masks, and the multi-head split/merge reshapes."""
+"""Scaled dot-product attention kernel (multi-head and grouped-query), its masks, and the head split/merge reshapes."""
 import math
 
 import numpy as np
@@ -54,6 +54,12 @@ def attention_forward(q, k, v, mask=None, scale=None, is_causal=False, out=None)
 
     Shapes: ``q: (..., T_q, D)``, ``k: (..., T_k, D)``, ``v: (..., T_k, D_v)`` with the same leading
     axes (typically ``(B, H)``)  ->  ``y: (..., T_q, D_v)``.
+    Grouped-query attention: ``q: (..., H, T_q, D)`` with ``k, v: (..., H_kv, T_k, ·)``, H a multiple
+    of H_kv; query head h uses key/value head ⌊h / G⌋, G = H / H_kv (consecutive query heads share
+    one; G = H is multi-query attention). K and V are never repeated: Q is viewed as
+    ``(..., H_kv, G, T_q, D)`` (splitting an axis is a view, even of a strided array) and K, V as
+    ``(..., H_kv, 1, T_k, ·)``, so each product broadcasts one key/value head over its G query
+    heads by a zero stride, one BLAS call per query head as without groups. See ``_grouped``.
     ``mask`` broadcasts to ``(..., T_q, T_k)``: boolean (True = may attend; False sets the score
     to −inf) or additive float (added to S; use −inf, not a finite "large" value, which leaks
     probability when scores are of that size). A query whose keys are all masked gets a zero
@@ -73,8 +79,7 @@ def attention_forward(q, k, v, mask=None, scale=None, is_causal=False, out=None)
     same_dtype(q=q, k=k, v=v)
     if not (q.ndim == k.ndim == v.ndim):
         raise ValueError(f"q, k, v: expected the same rank, got {q.shape}, {k.shape}, {v.shape}")
-    if q.shape[:-2] != k.shape[:-2] or k.shape[:-2] != v.shape[:-2]:
-        raise ValueError(f"q, k, v: leading axes differ: {q.shape}, {k.shape}, {v.shape}")
+    G = _group_size(q, k, v)
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"k: expected key size D = {q.shape[-1]} (from q), got shape {k.shape}")
     if k.shape[-2] != v.shape[-2]:
@@ -86,7 +91,7 @@ def attention_forward(q, k, v, mask=None, scale=None, is_causal=False, out=None)
         if q.shape[-2] != k.shape[-2]:
             raise ValueError(f"is_causal: needs T_q = T_k, got q {q.shape} and k {k.shape}")
         if q.ndim >= 3:
-            return _causal_forward(q, k, v, scale, _out("out", out, (*q.shape[:-1], v.shape[-1]), q.dtype))
+            return _causal_forward(q, k, v, scale, _out("out", out, (*q.shape[:-1], v.shape[-1]), q.dtype), G)
         mask = causal_mask(q.shape[-2])                  # a single (T, D) sequence: the plain path
     S = np.empty((*q.shape[:-1], k.shape[-2]), q.dtype)  # (..., T_q, T_k): scores, then P in place
     blocked, additive = None, None
@@ -104,25 +109,82 @@ def attention_forward(q, k, v, mask=None, scale=None, is_causal=False, out=None)
         else:
             raise TypeError(f"mask: expected dtype bool or float, got {mask.dtype}")
     y = _out("out", out, (*q.shape[:-1], v.shape[-1]), q.dtype)   # (..., T_q, D_v)
+    if G > 1:                      # the mask, broadcast to S's shape (a view), grouped like S
+        blocked, additive = (None if m is None else np.broadcast_to(m, S.shape) for m in (blocked, additive))
+    qg, kg, vg, Sg, yg, blocked, additive = _grouped(G, q, k, v, S, y, blocked, additive)
 
     def seqs(lo, hi):
-        at = _items(lo, hi, q.ndim)
+        at = _items(lo, hi, qg.ndim)
         # The scale multiplies Q (T_q × D) before the product rather than S (T_q × T_k) after it:
         # the same scores (exactly, when scale is a power of 2) for a pass over a T/D times smaller array.
-        Sp = S[at]
-        np.matmul(np.multiply(q[at], scale, dtype=q.dtype), k[at].swapaxes(-1, -2), out=Sp)
+        Sp = Sg[at]
+        np.matmul(np.multiply(qg[at], scale, dtype=q.dtype), kg[at].swapaxes(-1, -2), out=Sp)
         if blocked is not None:
-            np.copyto(Sp, -np.inf, where=_rows_of(blocked, at, S.ndim))
+            np.copyto(Sp, -np.inf, where=_rows_of(blocked, at, Sg.ndim))
         elif additive is not None:
-            Sp += _rows_of(additive, at, S.ndim)
+            Sp += _rows_of(additive, at, Sg.ndim)
         _softmax_inplace(Sp)       # softmax_forward's arithmetic, written over S: no second T×T array
-        np.matmul(Sp, v[at], out=y[at])
+        np.matmul(Sp, vg[at], out=yg[at])
 
-    parallel.parallel_for(seqs, *_split_axis(q))
+    parallel.parallel_for(seqs, *_split_axis(qg))
     return y, (q, k, v, S, scale, None)
 
 
 _TILE = 64
+
+
+def _group_size(q, k, v):
+    """G = H / H_kv, the query heads per key/value head (1 when q, k, v have the same leading axes).
+
+    Checks that the leading axes agree except, for grouped-query attention, the head axis −3."""
+    if k.shape[:-2] != v.shape[:-2]:
+        raise ValueError(f"k, v: leading axes differ: {k.shape}, {v.shape}")
+    if q.shape[:-2] == k.shape[:-2]:
+        return 1
+    if q.ndim < 3 or q.shape[:-3] != k.shape[:-3]:
+        raise ValueError(f"q, k, v: leading axes differ: {q.shape}, {k.shape}, {v.shape} (only the "
+                         "head axis −3 may differ, for grouped-query attention)")
+    H, H_kv = q.shape[-3], k.shape[-3]
+    if H_kv < 1 or H % H_kv:
+        raise ValueError(f"k: grouped-query attention needs H = {H} query heads to be a multiple of "
+                         f"the key/value heads H_kv, got H_kv = {H_kv} (q {q.shape}, k {k.shape})")
+    return H // H_kv
+
+
+def _group(a, G):
+    """(..., H, T, ·) -> (..., H/G, G, T, ·): the head axis split in two, always a view (never a copy,
+    so that results written into it land in ``a``)."""
+    g = a.reshape(*a.shape[:-3], a.shape[-3] // G, G, *a.shape[-2:])
+    if not np.may_share_memory(g, a):                     # splitting one axis never copies
+        raise RuntimeError("_group: the reshape copied")
+    return g
+
+
+def _grouped(G, q, k, v, *per_query):
+    """The operands of grouped-query attention as views whose products broadcast K and V.
+
+    ``q`` and every array of ``per_query`` (S or P, y or dy, dq, a mask; None passes through)
+    become ``(..., H_kv, G, T, ·)``; ``k, v`` become ``(..., H_kv, 1, T_k, ·)``. A product
+    ``q_g @ k_gᵀ`` then pairs query head (j, g) with key head j by a zero stride: no copy of K or
+    V. The first axis stays the batch (or H_kv for a 3-D call), so splitting along it keeps q's
+    and k's parts together. With G = 1 everything is returned as given: the multi-head path.
+    """
+    if G == 1:
+        return (q, k, v, *per_query)
+    return (_group(q, G), k[..., None, :, :], v[..., None, :, :],
+            *(None if a is None else _group(a, G) for a in per_query))
+
+
+def _matmul_sum(a, b, out, G):
+    """out = a @ b; with grouped heads (G > 1, a and b grouped as in ``_grouped``) out = Σ_g a_g @ b_g.
+
+    A key/value head is used by G query heads, so its gradient is the sum of the G heads'
+    contributions (the forward's broadcast becomes a sum in the backward). The G products are one
+    batched matmul into a temporary ``(..., H_kv, G, T_k, ·)``, then one reduction over g.
+    """
+    if G == 1:
+        return np.matmul(a, b, out=out)
+    return np.add.reduce(np.matmul(a, b), axis=-3, out=out)
 
 
 def _out(name, out, shape, dtype):
@@ -145,25 +207,27 @@ def _tiles(T):
     return [(a, min(a + _TILE, T)) for a in range(0, T, _TILE)]
 
 
-def _causal_forward(q, k, v, scale, y):
+def _causal_forward(q, k, v, scale, y, G=1):
     """``attention_forward`` with the causal mask, tile by tile (see there). Tile [a, b) of the
-    queries needs keys [0, b) only; inside the tile, query i sees keys j ≤ i."""
+    queries needs keys [0, b) only; inside the tile, query i sees keys j ≤ i. ``G``: query heads
+    per key/value head (the products run on the views of ``_grouped``)."""
     T = q.shape[-2]
     S = np.empty((*q.shape[:-1], T), q.dtype)            # (..., T, T): P, exactly 0 above the diagonal
     tiles = _tiles(T)
     above = {b - a: ~np.tri(b - a, dtype=bool) for a, b in tiles}   # the masked corner of a diagonal tile
+    qg, kg, vg, Sg, yg = _grouped(G, q, k, v, S, y)
 
     def seqs(lo, hi):
-        qs = np.multiply(q[lo:hi], scale, dtype=q.dtype)
+        qs = np.multiply(qg[lo:hi], scale, dtype=q.dtype)
         for a, b in tiles:
-            St = S[lo:hi, ..., a:b, :b]                  # (..., b − a, b): this tile's live scores
-            np.matmul(qs[..., a:b, :], k[lo:hi, ..., :b, :].swapaxes(-1, -2), out=St)
+            St = Sg[lo:hi, ..., a:b, :b]                 # (..., b − a, b): this tile's live scores
+            np.matmul(qs[..., a:b, :], kg[lo:hi, ..., :b, :].swapaxes(-1, -2), out=St)
             np.copyto(St[..., a:b], -np.inf, where=above[b - a])
             _softmax_inplace(St)                         # P of the tile, over its scores
-            S[lo:hi, ..., a:b, b:] = 0                   # keys after the tile: P = 0
-            np.matmul(St, v[lo:hi, ..., :b, :], out=y[lo:hi, ..., a:b, :])
+            Sg[lo:hi, ..., a:b, b:] = 0                  # keys after the tile: P = 0
+            np.matmul(St, vg[lo:hi, ..., :b, :], out=yg[lo:hi, ..., a:b, :])
 
-    parallel.parallel_for(seqs, *_split_axis(q))
+    parallel.parallel_for(seqs, *_split_axis(qg))
     return y, (q, k, v, S, scale, tiles)
 
 
@@ -193,6 +257,8 @@ def attention_backward(dy, cache, out=None):
     In the forward pass Y = P V, so V's gradient is Pᵀ dY and P's is dY Vᵀ; the softmax VJP turns
     dP into dS; S = scale · Q Kᵀ gives the last two lines. A masked entry has P = 0, so its dS is
     exactly 0: the mask blocks the gradient just as it blocked the forward pass.
+    Grouped-query attention: key/value head j served the G query heads (j, 0 … G−1), so
+    dK_j = scale · Σ_g dS_(j,g)ᵀ Q_(j,g) and dV_j = Σ_g P_(j,g)ᵀ dY_(j,g) (``_matmul_sum``).
     Shapes: ``dy: (..., T_q, D_v)`` -> ``(dq, dk, dv)`` shaped like ``q, k, v``.
     ``out=(dq, dk, dv)``: arrays (or views, e.g. into one fused ``(B, T, 3C)`` gradient) to write
     the three gradients into, instead of new arrays; they are returned.
@@ -204,47 +270,50 @@ def attention_backward(dy, cache, out=None):
         raise ValueError(f"out: expected three arrays (dq, dk, dv), got {len(out)}")
     out = tuple(_out(f"out[{i}] (d{n})", None if out is None else out[i], like.shape, like.dtype)
                 for i, (n, like) in enumerate(zip("qkv", (q, k, v))))
+    G = _group_size(q, k, v)
     if tiles is not None:
-        return _causal_backward(dy, q, k, v, P, scale, tiles, out)
+        return _causal_backward(dy, q, k, v, P, scale, tiles, out, G)
     dq, dk, dv = out
+    qg, kg, vg, Pg, dyg, dqg = _grouped(G, q, k, v, P, dy, dq)
 
     def seqs(lo, hi):
-        at = _items(lo, hi, q.ndim)
-        Pp, dyp = P[at], dy[at]
-        np.matmul(Pp.swapaxes(-1, -2), dyp, out=dv[at])         # dV = Pᵀ dY   (..., T_k, D_v)
-        dS = _softmax_backward_inplace(dyp @ v[at].swapaxes(-1, -2), Pp)   # dS/scale, over dP
-        np.matmul(dS, k[at], out=dq[at])
-        np.matmul(dS.swapaxes(-1, -2), q[at], out=dk[at])
+        at = _items(lo, hi, qg.ndim)
+        Pp, dyp = Pg[at], dyg[at]
+        _matmul_sum(Pp.swapaxes(-1, -2), dyp, dv[at], G)        # dV = Pᵀ dY   (..., T_k, D_v)
+        dS = _softmax_backward_inplace(dyp @ vg[at].swapaxes(-1, -2), Pp)   # dS/scale, over dP
+        np.matmul(dS, kg[at], out=dqg[at])
+        _matmul_sum(dS.swapaxes(-1, -2), qg[at], dk[at], G)
         # The scale multiplies dQ and dK (T × D each) instead of dS (T × T).
-        dq[at] *= scale                                         # dQ = scale · dS K   (..., T_q, D)
+        dqg[at] *= scale                                        # dQ = scale · dS K   (..., T_q, D)
         dk[at] *= scale                                         # dK = scale · dSᵀ Q  (..., T_k, D)
 
-    parallel.parallel_for(seqs, *_split_axis(q))
+    parallel.parallel_for(seqs, *_split_axis(qg))
     return dq, dk, dv
 
 
-def _causal_backward(dy, q, k, v, P, scale, tiles, out):
+def _causal_backward(dy, q, k, v, P, scale, tiles, out, G=1):
     """``attention_backward`` tile by tile, skipping the tiles where P = 0. Per query tile [a, b):
     dP, dS and dQ use keys [0, b). Per key tile [c, d): dV = P[c:, c:d]ᵀ dY[c:] and
     dK = dS[c:, c:d]ᵀ Q[c:], since no query before c sees those keys: each is one product, not a
-    sum of pieces."""
+    sum of pieces (with grouped heads, one batched product and its sum over the G heads)."""
     dq, dk, dv = out
     dS = parallel.scratch("attention_dS", P.shape, P.dtype)   # (..., T, T), only the live tiles written
+    qg, kg, vg, Pg, dSg, dyg, dqg = _grouped(G, q, k, v, P, dS, dy, dq)
 
     def seqs(lo, hi):
-        Pp, dSp, dyp, qs, ks, vs = P[lo:hi], dS[lo:hi], dy[lo:hi], q[lo:hi], k[lo:hi], v[lo:hi]
+        Pp, dSp, dyp, qs, ks, vs = Pg[lo:hi], dSg[lo:hi], dyg[lo:hi], qg[lo:hi], kg[lo:hi], vg[lo:hi]
         for a, b in tiles:
             St = Pp[..., a:b, :b]
             dSt = dSp[..., a:b, :b]
             np.matmul(dyp[..., a:b, :], vs[..., :b, :].swapaxes(-1, -2), out=dSt)   # dP tile
             _softmax_backward_inplace(dSt, St)           # dS/scale = P ⊙ (dP − ⟨dP, P⟩), in place
-            np.matmul(dSt, ks[..., :b, :], out=dq[lo:hi, ..., a:b, :])
+            np.matmul(dSt, ks[..., :b, :], out=dqg[lo:hi, ..., a:b, :])
         for c, d in tiles:
-            np.matmul(Pp[..., c:, c:d].swapaxes(-1, -2), dyp[..., c:, :], out=dv[lo:hi, ..., c:d, :])
-            np.matmul(dSp[..., c:, c:d].swapaxes(-1, -2), qs[..., c:, :], out=dk[lo:hi, ..., c:d, :])
+            _matmul_sum(Pp[..., c:, c:d].swapaxes(-1, -2), dyp[..., c:, :], dv[lo:hi, ..., c:d, :], G)
+            _matmul_sum(dSp[..., c:, c:d].swapaxes(-1, -2), qs[..., c:, :], dk[lo:hi, ..., c:d, :], G)
         # The scale multiplies dQ and dK (T × D each) instead of dS (T × T): the same product,
         # a pass over T/D times fewer numbers.
-        dq[lo:hi] *= scale                               # dQ = scale · dS K
+        dqg[lo:hi] *= scale                              # dQ = scale · dS K
         dk[lo:hi] *= scale                               # dK = scale · dSᵀ Q
-    parallel.parallel_for(seqs, *_split_axis(q))
+    parallel.parallel_for(seqs, *_split_axis(qg))
     return dq, dk, dv
