@@ -83,3 +83,64 @@ def test_grouped_query_attention(H_kv, mask_kind):
     ty, tgrads = run_torch(lambda q, k, v: tF.scaled_dot_product_attention(
         q, k, v, attn_mask=tmask, is_causal=causal, enable_gqa=True), [q, k, v], g)
     assert_parity([y, *F.attention_backward(g, cache)], [ty, *tgrads])
+
+
+# --- the whole modern TinyGPT ------------------------------------------------------------------------
+
+def torch_modern_twin(model):
+    """TinyGPT with RMSNorm, RoPE, SwiGLU, GQA and tied embeddings, written in PyTorch with the
+    weights copied from ``model`` (the tied array once, as ``wte.W``)."""
+    from tformer.models.tinygpt import TinyGPT
+    assert isinstance(model, TinyGPT)
+    cfg = model.config
+    C, H, H_kv, Fh = cfg["d_model"], cfg["n_heads"], cfg["n_kv_heads"], cfg["d_ff"]
+    D = C // H
+    P = {name: t(p) for name, p, _ in model._unique_parameters()}
+
+    def norm(x, pre):
+        return tF.rms_norm(x, (C,), P[pre + ".gamma"], eps=1e-5)
+
+    def lin(x, pre):
+        return x @ P[pre + ".W"] + P[pre + ".b"]
+
+    def forward(tok):
+        tok = torch.as_tensor(tok)
+        B, T = tok.shape
+        x = P["wte.W"][tok]                                                  # (B, T, C), no table
+        pos = np.arange(T)
+        for i in range(cfg["n_layers"]):
+            pre = f"blocks.{i}."
+            qkv = lin(norm(x, pre + "ln1"), pre + "attn.qkv")               # (B, T, C + 2 H_kv D)
+            q, k, v = qkv.split([C, H_kv * D, H_kv * D], dim=-1)
+            q = torch_rope(q.reshape(B, T, H, D).transpose(1, 2), pos, 10000.0)
+            k = torch_rope(k.reshape(B, T, H_kv, D).transpose(1, 2), pos, 10000.0)
+            v = v.reshape(B, T, H_kv, D).transpose(1, 2)
+            y = tF.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            x = x + lin(y.transpose(1, 2).reshape(B, T, C), pre + "attn.o")
+            a, b = lin(norm(x, pre + "ln2"), pre + "ffn.fc1").split([Fh, Fh], dim=-1)
+            x = x + lin(tF.silu(a) * b, pre + "ffn.fc2")
+        return norm(x, "ln_f") @ P["wte.W"].T + P["lm_head.b"]             # tied head
+    return P, forward
+
+
+def test_modern_tinygpt_logits_and_every_gradient():
+    from tformer.models.tinygpt import TinyGPT
+    model = TinyGPT(d_model=16, n_heads=4, n_layers=2, max_len=16, d_ff=21, dtype=np.float64, seed=3,
+                    norm="rmsnorm", positions="rope", mlp="swiglu", n_kv_heads=2, tie_embeddings=True)
+    rng = np.random.default_rng(4)
+    for name, p, _ in model._unique_parameters():                          # gains, biases: random too
+        p[...] = (1.0 if name.endswith("gamma") else 0.0) + 0.3 * rng.standard_normal(p.shape)
+    P, forward = torch_modern_twin(model)
+    x, y = rng.integers(0, 256, (3, 9)), rng.integers(0, 256, (3, 9))
+    logits = model.forward(x)
+    loss, dlogits = F.cross_entropy(logits, y)
+    model.zero_grad()
+    model.backward(dlogits)
+    t_logits = forward(x)
+    t_loss = tF.cross_entropy(t_logits.reshape(-1, 256), torch.as_tensor(y).reshape(-1))
+    t_loss.backward()
+    assert rel_error(logits, t_logits.detach().numpy()) < TOL
+    assert abs(loss - t_loss.item()) < 1e-12 * abs(loss)
+    assert set(P) == {n for n, _, _ in model._unique_parameters()}
+    for name, _, grad in model._unique_parameters():
+        assert rel_error(grad, P[name].grad.numpy()) < TOL, name

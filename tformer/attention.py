@@ -7,6 +7,10 @@ Every variant the five sources use is this one class with different switches:
 | 001 attention layer, 000 two-layer | 1 | W_q, W_k, W_v, W_o | no | 1/√d_model | none |
 | 003 encoder, 002 Transformer | H | W_q, W_k, W_v, W_o | yes | 1/√D | padding (002), causal (002) |
 | 004 TinyGPT | 1 or H | fused W_qkv, W_proj | yes | 1/√D | causal |
+
+The modern block (chapter 25) adds two switches: ``n_kv_heads`` (grouped-query attention: H query
+heads share H_kv key/value heads, so W_k, W_v and the KV cache shrink by H/H_kv) and ``rope``
+(rotary position embedding of q and k, at positions that continue after those in the KV cache).
 """
 import numpy as np
 
@@ -45,33 +49,47 @@ class MultiHeadAttention(Module):
     projections are one ``W_qkv: (C, 3C)`` (seed 004), otherwise ``W_q, W_k, W_v: (C, C)``.
     ``scale`` defaults to 1/√D. ``causal=True`` adds the causal mask; ``forward(x, mask)`` takes an
     extra boolean or additive mask broadcastable to ``(B, H, T, T)`` (e.g. a padding mask).
+    ``n_kv_heads`` (default H): grouped-query attention, query head h reads key/value head
+    ⌊h H_kv / H⌋; W_k and W_v are ``(C, H_kv·D)`` (fused: ``W_qkv: (C, C + 2 H_kv D)``).
+    ``rope=True``: q and k are rotated by ``F.rope_forward`` (``rope_base``) before the scores.
     After a forward pass, ``self.att`` holds the attention probabilities ``(B, H, T, T_k)``.
     """
 
     def __init__(self, d_model, n_heads=1, bias=True, fused_qkv=False, causal=False, scale=None,
-                 rng=None, dtype=np.float32, init_std=None, seed=0):
+                 rng=None, dtype=np.float32, init_std=None, seed=0, n_kv_heads=None, rope=False,
+                 rope_base=10000.0):
         super().__init__()
         if n_heads < 1 or d_model % n_heads:
             raise ValueError(f"n_heads: must divide d_model = {d_model}, got {n_heads}")
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        if isinstance(n_kv_heads, bool) or not isinstance(n_kv_heads, (int, np.integer)) \
+                or n_kv_heads < 1 or n_heads % n_kv_heads:
+            raise ValueError(f"n_kv_heads: expected an integer ≥ 1 that divides n_heads = {n_heads}, "
+                             f"got {n_kv_heads!r}")
+        if rope and (d_model // n_heads) % 2:
+            raise ValueError(f"rope: needs an even head size D = d_model / n_heads, got D = {d_model // n_heads}")
         rng = _rng(rng, seed)
         self.d_model, self.n_heads, self.causal, self.fused = d_model, n_heads, causal, fused_qkv
+        self.n_kv_heads, self.rope, self.rope_base = int(n_kv_heads), bool(rope), rope_base
         self.scale = scale
         C = d_model
+        C_kv = self.n_kv_heads * (C // n_heads)                          # H_kv · D
         if fused_qkv:
-            self.qkv = Linear(C, 3 * C, bias, rng, dtype, init_std)
+            self.qkv = Linear(C, C + 2 * C_kv, bias, rng, dtype, init_std)
         else:
             self.q = Linear(C, C, bias, rng, dtype, init_std)
-            self.k = Linear(C, C, bias, rng, dtype, init_std)
-            self.v = Linear(C, C, bias, rng, dtype, init_std)
+            self.k = Linear(C, C_kv, bias, rng, dtype, init_std)
+            self.v = Linear(C, C_kv, bias, rng, dtype, init_std)
         self.o = Linear(C, C, bias, rng, dtype, init_std)
         self.att = None
         self._cache = None
+        self._rope = None
 
     def _project(self, x):
         if self.fused:
-            qkv = self.qkv(x)                                           # (B, T, 3C)
-            C = self.d_model
-            return qkv[..., :C], qkv[..., C:2 * C], qkv[..., 2 * C:]
+            qkv = self.qkv(x)                                           # (B, T, C + 2 H_kv D)
+            C, C_kv = self.d_model, self.n_kv_heads * (self.d_model // self.n_heads)
+            return qkv[..., :C], qkv[..., C:C + C_kv], qkv[..., C + C_kv:]
         return self.q(x), self.k(x), self.v(x)
 
     def forward(self, x, mask=None, kv_cache=None):
@@ -80,10 +98,16 @@ class MultiHeadAttention(Module):
         float_array("x", x, ndim=3)
         if x.shape[2] != self.d_model:
             raise ValueError(f"x: expected last axis d_model = {self.d_model}, got shape {x.shape}")
-        H = self.n_heads
-        q, k, v = (F.split_heads(t, H) for t in self._project(x))       # (B, H, T, D) each
+        H, H_kv = self.n_heads, self.n_kv_heads
+        q, k, v = self._project(x)
+        q, k, v = F.split_heads(q, H), F.split_heads(k, H_kv), F.split_heads(v, H_kv)   # (B, H·, T, D)
+        if self.rope:
+            start = kv_cache.t if kv_cache is not None else 0           # positions start … start+T−1
+            q, rope_q = F.rope_forward(q, start, self.rope_base)
+            k, rope_k = F.rope_forward(k, start, self.rope_base)        # the cache keeps rotated keys
+            self._rope = (rope_q, rope_k)
         if kv_cache is not None:
-            k, v = kv_cache.append(k, v)                                  # (B, H, T_k, D)
+            k, v = kv_cache.append(k, v)                                  # (B, H_kv, T_k, D)
         merged, y = self._heads_buffer(x.shape, x.dtype)                  # (B, T, C), (B, H, T, D) view
         if self.causal and mask is None and kv_cache is None:
             # Training and scoring: the kernel's causal path skips the masked tiles.
@@ -95,12 +119,14 @@ class MultiHeadAttention(Module):
         self._cache = None if kv_cache is not None else att_cache
         return self.o(merged)                                             # (B, T, C)
 
-    def _heads_buffer(self, shape, dtype):
+    def _heads_buffer(self, shape, dtype, n_heads=None):
         """A new (B, T, C) array and its (B, H, T, D) view: a kernel writing per-head results into
-        the view leaves them already merged (Concat(head_1, …, head_H)), with no copy."""
+        the view leaves them already merged (Concat(head_1, …, head_H)), with no copy.
+        ``n_heads`` (default H) sets the number of heads of D channels in the C given."""
         B, T, C = shape
+        n = self.n_heads if n_heads is None else n_heads
         merged = np.empty((B, T, C), dtype)
-        return merged, merged.reshape(B, T, self.n_heads, C // self.n_heads).transpose(0, 2, 1, 3)
+        return merged, merged.reshape(B, T, n, C // n).transpose(0, 2, 1, 3)
 
     def _mask(self, T_q, T_k, mask):
         if not self.causal:
@@ -118,23 +144,36 @@ class MultiHeadAttention(Module):
             raise RuntimeError("backward: no forward pass to differentiate (or it used a KV cache)")
         dmerged = self.o.backward(dy)                                     # (B, T, C)
         dheads = F.split_heads(dmerged, self.n_heads)                     # (B, H, T, D), a view
+        B, T, C = dmerged.shape
+        H, H_kv = self.n_heads, self.n_kv_heads
+        D = C // H
         if self.fused:
-            # The three (B, H, T, D) gradients are written by the kernel straight into the
-            # head-merged layout of one (B, T, 3C) buffer, through views: no merge, no concatenation.
-            B, T, C = dmerged.shape
-            dqkv = np.empty((B, T, 3 * C), dmerged.dtype)                 # (B, T, 3C)
-            views = dqkv.reshape(B, T, 3, self.n_heads, C // self.n_heads).transpose(2, 0, 3, 1, 4)
-            F.attention_backward(dheads, self._cache, out=(views[0], views[1], views[2]))
+            # The three gradients are written by the kernel straight into the head-merged layout
+            # of one (B, T, C + 2 H_kv D) buffer, through views: no merge, no concatenation.
+            dqkv = np.empty((B, T, C + 2 * H_kv * D), dmerged.dtype)      # (B, T, C + 2 H_kv D)
+            views = (dqkv[..., :C].reshape(B, T, H, D).transpose(0, 2, 1, 3),             # (B, H, T, D)
+                     dqkv[..., C:C + H_kv * D].reshape(B, T, H_kv, D).transpose(0, 2, 1, 3),
+                     dqkv[..., C + H_kv * D:].reshape(B, T, H_kv, D).transpose(0, 2, 1, 3))
+            F.attention_backward(dheads, self._cache, out=views)
+            self._rope_backward(views[0], views[1])
             return self.qkv.backward(dqkv)
-        (dq, dq_h), (dk, dk_h), (dv, dv_h) = (self._heads_buffer(dmerged.shape, dmerged.dtype) for _ in "qkv")
-        F.attention_backward(dheads, self._cache, out=(dq_h, dk_h, dv_h))  # into (B, T, C) buffers
+        (dq, dq_h), (dk, dk_h), (dv, dv_h) = (self._heads_buffer((B, T, n * D), dmerged.dtype, n)
+                                              for n in (H, H_kv, H_kv))
+        F.attention_backward(dheads, self._cache, out=(dq_h, dk_h, dv_h))  # into (B, T, ·) buffers
+        self._rope_backward(dq_h, dk_h)
         dx = self.q.backward(dq)
         dx += self.k.backward(dk)
         dx += self.v.backward(dv)
         return dx
 
+    def _rope_backward(self, dq, dk):
+        """With RoPE, turn the gradients of the rotated q and k back (in place): dq ← Rᵀ dq."""
+        if self.rope:
+            F.rope_backward(dq, self._rope[0], out=dq)
+            F.rope_backward(dk, self._rope[1], out=dk)
+
     def new_cache(self, B, max_len):
-        """An empty ``KVCache`` sized for this layer."""
+        """An empty ``KVCache`` sized for this layer (``n_kv_heads`` heads: GQA caches only those)."""
         D = self.d_model // self.n_heads
         dtype = (self.qkv if self.fused else self.q).W.dtype
-        return KVCache(B, self.n_heads, max_len, D, dtype)
+        return KVCache(B, self.n_kv_heads, max_len, D, dtype)

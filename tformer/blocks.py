@@ -11,6 +11,7 @@ import numpy as np
 
 from .attention import MultiHeadAttention
 from .layers import Dropout, FeedForward, LayerNorm, Module, _rng
+from .modern_layers import SwiGLUFeedForward, norm_layer
 
 
 class ResidualBlock(Module):
@@ -58,19 +59,30 @@ class PostNormBlock(Module):
 
 
 class PreNormBlock(Module):
-    """X ← X + MHA(LN(X)),  X ← X + FFN(LN(X))  (seed 004: causal, fused W_qkv, GELU MLP, biases)."""
+    """X ← X + MHA(LN(X)),  X ← X + FFN(LN(X))  (seed 004: causal, fused W_qkv, GELU MLP, biases).
+
+    The modern block's switches (chapter 25): ``norm="rmsnorm"`` for both norms,
+    ``activation="swiglu"`` for a SwiGLU network of width ``d_ff`` (``SwiGLUFeedForward``),
+    ``n_kv_heads`` for grouped-query attention and ``rope=True`` for rotary positions.
+    """
 
     def __init__(self, d_model, n_heads=1, d_ff=None, activation="gelu", bias=True, causal=True,
-                 fused_qkv=True, dropout=0.0, rng=None, dtype=np.float32, init_std=0.02, eps=1e-5, seed=0):
+                 fused_qkv=True, dropout=0.0, rng=None, dtype=np.float32, init_std=0.02, eps=1e-5, seed=0,
+                 norm="layernorm", n_kv_heads=None, rope=False):
         super().__init__()
         rng = _rng(rng, seed)
-        self.ln1 = LayerNorm(d_model, eps, dtype)
+        self.ln1 = norm_layer(norm, d_model, eps, dtype)
         self.attn = MultiHeadAttention(d_model, n_heads, bias=bias, fused_qkv=fused_qkv, causal=causal,
-                                       rng=rng, dtype=dtype, init_std=init_std)
+                                       rng=rng, dtype=dtype, init_std=init_std, n_kv_heads=n_kv_heads,
+                                       rope=rope)
         self.drop1 = Dropout(dropout, rng)
-        self.ln2 = LayerNorm(d_model, eps, dtype)
-        self.ffn = FeedForward(d_model, d_ff or 4 * d_model, activation, bias, rng=rng, dtype=dtype,
-                               init_std=init_std)
+        self.ln2 = norm_layer(norm, d_model, eps, dtype)
+        if activation == "swiglu":
+            self.ffn = SwiGLUFeedForward(d_model, d_ff or 4 * d_model, bias, rng=rng, dtype=dtype,
+                                         init_std=init_std)
+        else:
+            self.ffn = FeedForward(d_model, d_ff or 4 * d_model, activation, bias, rng=rng, dtype=dtype,
+                                   init_std=init_std)
         self.drop2 = Dropout(dropout, rng)
 
     def forward(self, x, mask=None, kv_cache=None):
@@ -83,7 +95,7 @@ class PreNormBlock(Module):
         return out
 
     def backward(self, dy):
-        # LayerNorm's backward returns a fresh array, so each residual gradient is added into it.
+        # The norm's backward returns a fresh array, so each residual gradient is added into it.
         dx = self.ln2.backward(self.ffn.backward(self.drop2.backward(dy)))
         dx += dy                                                        # dX of X + FFN(LN(X))
         dx_in = self.ln1.backward(self.attn.backward(self.drop1.backward(dx)))

@@ -42,8 +42,8 @@ class Module:
             yield from child.named_parameters(f"{prefix}{cname}.")
 
     def num_parameters(self):
-        """Total number of scalar parameters."""
-        return sum(p.size for _, p, _ in self.named_parameters())
+        """Total number of scalar parameters (an array shared by two modules, a tied weight, once)."""
+        return sum(p.size for _, p, _ in self._unique_parameters())
 
     def zero_grad(self):
         """Set every gradient to zero, in place (one fill of the flat buffer, if there is one)."""

@@ -5,31 +5,66 @@
     Z = LN(X) W_lm + b_lm                            (B, T, V)
 
 The seed's attention is single-head "for now"; ``n_heads > 1`` gives the multi-head version.
+The keywords of the modern block (chapter 25) change one piece each; their defaults are the seed's.
 """
 import numpy as np
 
+from .. import functional as F
 from .._validate import int_array
 from ..blocks import PreNormBlock
-from ..layers import Embedding, LayerNorm, Linear, Module, ModuleList
+from ..layers import Embedding, Linear, Module, ModuleList
+from ..modern_layers import NORMS, TiedLinear, norm_layer
+
+POSITIONS = ("learned", "sinusoidal", "rope")
+MLPS = ("gelu", "relu", "swiglu")
 
 
 class TinyGPT(Module):
-    """logits = TinyGPT(tokens): ``tokens: (B, T)`` ints in [0, 256) -> ``logits: (B, T, V)``."""
+    """logits = TinyGPT(tokens): ``tokens: (B, T)`` ints in [0, 256) -> ``logits: (B, T, V)``.
+
+    The modern block, one keyword per piece (each default is seed 004's):
+
+    - ``norm``: ``"layernorm"`` or ``"rmsnorm"`` (every norm: both of each block and the final one;
+      ε = 1e-5 for both kinds, so that only the normalisation changes).
+    - ``positions``: ``"learned"`` (W_pe), ``"sinusoidal"`` (the fixed table of seeds 002/003, added
+      to the embeddings) or ``"rope"`` (no table: q and k are rotated in every attention layer).
+    - ``mlp``: ``"gelu"``, ``"relu"`` or ``"swiglu"``. The hidden width is ``d_ff`` (default 4C) for
+      all three. SwiGLU has three C × d_ff matrices instead of two: to compare at the same
+      parameter budget pass ``d_ff=swiglu_hidden(4 * d_model)``, i.e. 2/3 · 4C
+      (``tformer.modern_layers.swiglu_hidden``).
+    - ``n_kv_heads``: key/value heads of grouped-query attention (default ``n_heads``: multi-head).
+    - ``tie_embeddings``: the LM head's weight is W_teᵀ (``TiedLinear``, keeping its bias b_lm);
+      W_te's gradient then sums its two uses.
+
+    Everything is kept in ``model.config`` (and so in checkpoints), with ``d_ff`` and
+    ``n_kv_heads`` resolved to numbers.
+    """
 
     def __init__(self, d_model=64, n_heads=1, n_layers=2, max_len=64, vocab_size=256, d_ff=None,
-                 dropout=0.0, seed=0, dtype=np.float32):
+                 dropout=0.0, seed=0, dtype=np.float32,
+                 norm="layernorm", positions="learned", mlp="gelu", n_kv_heads=None, tie_embeddings=False):
         super().__init__()
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        _check_modern(d_model, n_heads, norm, positions, mlp, n_kv_heads, tie_embeddings)
         self.config = dict(d_model=d_model, n_heads=n_heads, n_layers=n_layers, max_len=max_len,
                            vocab_size=vocab_size, d_ff=d_ff or 4 * d_model, dropout=dropout,
-                           dtype=np.dtype(dtype).name)
+                           dtype=np.dtype(dtype).name,
+                           norm=norm, positions=positions, mlp=mlp, n_kv_heads=int(n_kv_heads),
+                           tie_embeddings=bool(tie_embeddings))
         self.rng = np.random.default_rng(seed)
         C = d_model
         self.wte = Embedding(vocab_size, C, self.rng, dtype, init_std=0.02)
-        self.wpe = Embedding(max_len, C, self.rng, dtype, init_std=0.02)
-        self.blocks = ModuleList(PreNormBlock(C, n_heads, d_ff or 4 * C, dropout=dropout, rng=self.rng,
-                                              dtype=dtype) for _ in range(n_layers))
-        self.ln_f = LayerNorm(C, dtype=dtype)
-        self.lm_head = Linear(C, vocab_size, True, self.rng, dtype, init_std=0.02)
+        self.wpe = Embedding(max_len, C, self.rng, dtype, init_std=0.02) if positions == "learned" else None
+        self.pe = F.sinusoidal_positions(max_len, C, dtype) if positions == "sinusoidal" else None
+        self.blocks = ModuleList(PreNormBlock(C, n_heads, d_ff or 4 * C, activation=mlp, dropout=dropout,
+                                              rng=self.rng, dtype=dtype, norm=norm, n_kv_heads=n_kv_heads,
+                                              rope=positions == "rope")
+                                 for _ in range(n_layers))
+        self.ln_f = norm_layer(norm, C, 1e-5, dtype)
+        if tie_embeddings:
+            self.lm_head = TiedLinear(self.wte, bias=True)
+        else:
+            self.lm_head = Linear(C, vocab_size, True, self.rng, dtype, init_std=0.02)
         self.flatten_parameters()          # one flat buffer of parameters, one of gradients
         self.max_len = max_len
         self._positions = (0, 0)
@@ -45,7 +80,10 @@ class TinyGPT(Module):
         # W_pe[start:start+T] is the same (T, C) block for every sequence: it is added by
         # broadcasting instead of being gathered B times, and its gradient is a sum over the batch.
         x = self.wte(tokens)                                            # (B, T, C), a fresh gather
-        x += self.wpe.W[start:start + T]                                # + W_pe[pos], (T, C)
+        if self.wpe is not None:
+            x += self.wpe.W[start:start + T]                            # + W_pe[pos], (T, C)
+        elif self.pe is not None:
+            x += self.pe[start:start + T]                               # + PE[pos], fixed
         self._positions = (start, T)
         for i, block in enumerate(self.blocks):
             x = block(x, None, kv_caches[i] if kv_caches else None)   # (B, T, C)
@@ -56,11 +94,34 @@ class TinyGPT(Module):
         dx = self.ln_f.backward(self.lm_head.backward(dlogits))        # (B, T, C)
         for block in reversed(self.blocks._items):
             dx = block.backward(dx)
-        self.wte.backward(dx)
-        start, T = self._positions
-        self.wpe.grads["W"][start:start + T] += dx.sum(axis=0)         # Σ_b dX[b], (T, C)
+        self.wte.backward(dx)                  # tied: adds to the LM head's share of dW_te
+        if self.wpe is not None:
+            start, T = self._positions
+            self.wpe.grads["W"][start:start + T] += dx.sum(axis=0)     # Σ_b dX[b], (T, C)
         return None
 
     def new_kv_caches(self, B):
         """One empty KV cache per block, for ``B`` sequences of up to ``max_len`` positions."""
         return [blk.attn.new_cache(B, self.max_len) for blk in self.blocks]
+
+
+def _check_modern(d_model, n_heads, norm, positions, mlp, n_kv_heads, tie_embeddings):
+    """The modern block's keywords, checked before anything is built."""
+    if isinstance(n_heads, bool) or not isinstance(n_heads, (int, np.integer)) or n_heads < 1 \
+            or d_model % n_heads:
+        raise ValueError(f"n_heads: expected an integer ≥ 1 that divides d_model = {d_model}, got {n_heads!r}")
+    for name, value, allowed in (("norm", norm, tuple(NORMS)), ("positions", positions, POSITIONS),
+                                 ("mlp", mlp, MLPS)):
+        if not isinstance(value, str) or value not in allowed:
+            raise ValueError(f"{name}: expected one of {list(allowed)}, got {value!r}")
+    if isinstance(n_kv_heads, bool) or not isinstance(n_kv_heads, (int, np.integer)):
+        raise TypeError(f"n_kv_heads: expected an integer, got {type(n_kv_heads).__name__}")
+    if n_kv_heads < 1 or n_heads % n_kv_heads:
+        raise ValueError(f"n_kv_heads: expected a divisor of n_heads = {n_heads}, got {n_kv_heads}")
+    if not isinstance(tie_embeddings, (bool, np.bool_)):
+        raise TypeError(f"tie_embeddings: expected True or False, got {tie_embeddings!r}")
+    if positions == "rope" and (d_model // n_heads) % 2:
+        raise ValueError(f"positions: 'rope' needs an even head size d_model / n_heads, "
+                         f"got {d_model} / {n_heads} = {d_model // n_heads}")
+    if positions == "sinusoidal" and d_model % 2:
+        raise ValueError(f"positions: 'sinusoidal' needs an even d_model, got {d_model}")
