@@ -12,6 +12,9 @@ from ..models.tinygpt import TinyGPT
 from .tinygpt import DEFAULT_CHECKPOINT
 
 _MODEL_KEYS = ("d_model", "n_heads", "n_layers", "max_len", "vocab_size", "d_ff", "dropout", "dtype")
+# The modern block's keywords (chapter 25). A checkpoint saved before they existed lacks them: it is
+# seed 004's block, their defaults.
+_MODERN_DEFAULTS = {"norm": "layernorm", "positions": "learned", "mlp": "gelu", "tie_embeddings": False}
 
 
 def add_arguments(p):
@@ -34,8 +37,12 @@ def load_tinygpt(path):
     missing = [k for k in _MODEL_KEYS if k not in config]
     if missing:
         raise ValueError(f"checkpoint {path!r}: its config lacks {missing}; was it saved from a TinyGPT?")
-    model = TinyGPT(**{k: config[k] for k in _MODEL_KEYS})
-    meta = load_checkpoint(path, model)
+    modern = {k: config.get(k, default) for k, default in _MODERN_DEFAULTS.items()}
+    modern["n_kv_heads"] = config.get("n_kv_heads", config["n_heads"])
+    model = TinyGPT(**{k: config[k] for k in _MODEL_KEYS}, **modern)
+    # The model is built from the stored config; an older one is compared on the keys it has.
+    older = any(k not in config for k in modern)
+    meta = load_checkpoint(path, model, config={k: model.config.get(k) for k in config} if older else None)
     return model, meta
 
 

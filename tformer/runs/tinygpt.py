@@ -46,6 +46,17 @@ def add_arguments(p):
     g.add_argument("--n-layers", type=int, default=3, help="pre-norm blocks")
     g.add_argument("--max-len", type=int, default=64,
                    help="context length: learned positions and training window T")
+    g.add_argument("--d-ff", type=int, default=None,
+                   help="hidden width of the MLP (default 4C; for SwiGLU at the same parameter "
+                        "budget, 2/3 of 4C: tformer.modern_layers.swiglu_hidden)")
+    g = p.add_argument_group("modern block (chapter 25; each default is seed 004's)")
+    g.add_argument("--norm", choices=["layernorm", "rmsnorm"], default="layernorm", help="normalisation")
+    g.add_argument("--positions", choices=["learned", "sinusoidal", "rope"], default="learned",
+                   help="position information: learned table, fixed sinusoids, or rotary (RoPE)")
+    g.add_argument("--mlp", choices=["gelu", "relu", "swiglu"], default="gelu", help="feed-forward network")
+    g.add_argument("--n-kv-heads", type=int, default=None,
+                   help="key/value heads of grouped-query attention (default: --n-heads)")
+    g.add_argument("--tie-embeddings", action="store_true", help="LM head weight = W_teᵀ")
     g = p.add_argument_group("training")
     g.add_argument("--steps", type=int, default=500, help="optimizer steps")
     g.add_argument("--batch-size", type=int, default=64, help="windows per step (B)")
@@ -120,7 +131,9 @@ def main(args):
     print(f"unigram entropy of the corpus: {H:.3f} bits/byte "
           f"(a unigram model fitted on train scores {H_val:.3f} on val)")
     model = TinyGPT(d_model=args.d_model, n_heads=args.n_heads, n_layers=args.n_layers,
-                    max_len=args.max_len, seed=args.seed)
+                    max_len=args.max_len, seed=args.seed, d_ff=args.d_ff, norm=args.norm,
+                    positions=args.positions, mlp=args.mlp, n_kv_heads=args.n_kv_heads,
+                    tie_embeddings=args.tie_embeddings)
     dp = DataParallel(model, world, zero=args.zero) if world.size > 1 or args.zero else None
 
     def make_optimizer(m):
@@ -130,9 +143,12 @@ def main(args):
     if world.size > 1:
         print(f"data parallel: {world.size} processes, {local_batch} windows of the global batch "
               f"each{', optimizer state sharded (ZeRO-1)' if args.zero else ''}")
+    cfg = model.config
     print(f"TinyGPT: C={args.d_model}, {args.n_heads} heads, {args.n_layers} layers, "
           f"T={args.max_len}, {model.num_parameters():,} parameters; B={args.batch_size}, "
           f"{args.steps} steps")
+    print(f"block: {cfg['norm']}, {cfg['positions']} positions, {cfg['mlp']} MLP (d_ff={cfg['d_ff']}), "
+          f"{cfg['n_kv_heads']} key/value heads, {'tied' if cfg['tie_embeddings'] else 'untied'} embeddings")
 
     warmup = max(0, min(args.warmup, args.steps - 1))       # short smoke runs: shorter warm-up
 
