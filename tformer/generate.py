@@ -6,9 +6,11 @@ block and then feeds one new token per step: step ``t`` costs O(t) attention wor
 O(t²) recomputation, and the logits are the same (``tests/test_seed_004.py`` checks every step).
 
 Context longer than the model's ``max_len``: only the last ``max_len`` tokens are fed (the
-prompt is cropped on the left, as nanoGPT does). With learned positions, sliding the window moves
-every token to a new position, so cached keys go stale: once the window is full, each further step
-recomputes the last ``max_len`` tokens without the cache.
+prompt is cropped on the left, as nanoGPT does). With learned or sinusoidal positions, sliding the
+window moves every token to a new position; with RoPE, whose scores depend only on distances, the
+keys of every block after the first still come from states that attended to the dropped tokens. So
+cached keys go stale: once the window is full, each further step recomputes the last ``max_len``
+tokens without the cache.
 """
 import numpy as np
 
