@@ -93,10 +93,15 @@ def rope_backward(dy, cache, out=None):
 def _rotate(x, cos, sin, out):
     """out = R(φ) x pair by pair; ``out`` may be ``x`` itself (both halves are computed first).
 
+    Each part is copied to a contiguous array first: on a strided view (a head of the fused
+    q, k, v projection, as ``split_heads`` returns it) taking every other channel makes NumPy's
+    inner loops 16 elements long, and the rotation is several times slower than the copy plus
+    the rotation (measured on one (64, 4, 64, 32) float32 head view: 8.4 ms against 1.3 ms).
     Split along the first axis across threads when there is one besides (T, D)."""
     def part(lo, hi):
         at = slice(lo, hi) if x.ndim > 2 else Ellipsis
-        x0, x1 = x[at][..., 0::2], x[at][..., 1::2]       # (..., T, D/2) each, strided views
+        xc = np.ascontiguousarray(x[at])
+        x0, x1 = xc[..., 0::2], xc[..., 1::2]             # (..., T, D/2) each
         even = x0 * cos
         even -= x1 * sin                                  # x₂ᵢ cos φ − x₂ᵢ₊₁ sin φ
         odd = x0 * sin
