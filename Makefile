@@ -1,7 +1,8 @@
 # tformer: build the book, test everything, run the five systems.
 #
 # Every target except help and clean first makes sure that the virtual environment .venv exists
-# and holds the exact pins of requirements.txt (which installs tformer itself in editable mode).
+# and holds the exact pins of requirements.txt (which installs tformer itself in editable mode);
+# the test targets add requirements-test.txt (pytest, nbval, the PyTorch CPU build, hypothesis).
 # On a fresh machine with Python 3.11 and make, `make book` and `make test` do all of the setup.
 #
 #   make book        build the site into _build/html (any warning fails the build)
@@ -12,7 +13,7 @@
 #   make serve       serve _build/html on http://127.0.0.1:8000 (PORT=...)
 #   make lab         JupyterLab on port 8888 (LAB_PORT=..., LAB_FLAGS=--no-browser), installed
 #                    on first use from requirements-lab.txt
-#   make torch       install the optional PyTorch CPU build (requirements-torch.txt)
+#   make torch       install the test set (requirements-test.txt: the PyTorch CPU build and the rest)
 #   make run         run each source system: python -m tformer run SYSTEM (SYSTEMS="...")
 #   make bench       python benchmarks/run.py
 #   make clean       remove _build and caches (keeps .venv)
@@ -26,6 +27,7 @@ MAKEFLAGS += --no-builtin-rules
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.test-installed
 LAB_STAMP := $(VENV)/.lab-installed
 SYSTEM_PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3 2>/dev/null)
 
@@ -56,7 +58,7 @@ $(NOTEBOOK_TARGETS): export PATH := $(CURDIR)/$(BIN):$(PATH)
 .PHONY: help venv book test test-unit test-nbval execute serve lab torch run bench clean
 
 help:
-	@sed -n '3,18p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,19p' Makefile | sed 's/^# \{0,1\}//'
 
 # --- environment -------------------------------------------------------------------------------
 
@@ -69,7 +71,13 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/pip install -r requirements.txt
 	@touch $@
 
-venv: $(STAMP)
+# What the tests need on top (requirements-test.txt includes requirements.txt): installed on first
+# use by the test targets, into the same venv, and again whenever either file changes.
+$(TEST_STAMP): requirements-test.txt $(STAMP)
+	$(BIN)/pip install -r requirements-test.txt
+	@touch $@
+
+venv: $(TEST_STAMP)
 
 $(LAB_STAMP): requirements-lab.txt $(STAMP)
 	$(BIN)/pip install -r requirements-lab.txt
@@ -88,14 +96,16 @@ serve: $(STAMP)
 
 # --- tests -------------------------------------------------------------------------------------
 
-test-unit: $(STAMP)
-	$(RUN_NB) $(BIN)/python -m pytest tests -p no:cacheprovider
+# -rfEs: the summary names every failure, error and skip with its reason. A skipped PyTorch parity
+# test fails the run (tests/conftest.py).
+test-unit: $(TEST_STAMP)
+	$(RUN_NB) $(BIN)/python -m pytest tests -p no:cacheprovider -rfEs
 
-test-nbval: $(STAMP)
+test-nbval: $(TEST_STAMP)
 	$(NBVAL)
 
 # Runs every stage even when one fails, then prints each stage's result and wall-clock time.
-test: $(STAMP)
+test: $(TEST_STAMP)
 	@failed=0; report=""; \
 	for stage in test-unit test-nbval book; do \
 	  echo; echo "=== make $$stage"; \
@@ -144,8 +154,8 @@ lab: $(LAB_STAMP)
 
 # --- optional extras ---------------------------------------------------------------------------
 
-torch: $(STAMP)
-	$(BIN)/pip install -r requirements-torch.txt
+# The PyTorch CPU build is part of the test set; this installs it without running anything.
+torch: $(TEST_STAMP)
 
 run: $(STAMP)
 	@failed=""; \
