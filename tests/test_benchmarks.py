@@ -62,6 +62,7 @@ def _tiny_gpt(dtype=np.float64, n_heads=2):
     return model, rng.integers(0, 11, (3, 6)), rng.integers(0, 11, (3, 6))
 
 
+@pytest.mark.torch_parity
 @pytest.mark.parametrize("n_heads", [1, 2])
 def test_torch_twin_matches_tinygpt_loss_and_every_gradient_float64(n_heads):
     torch = pytest.importorskip("torch")
@@ -82,6 +83,7 @@ def test_torch_twin_matches_tinygpt_loss_and_every_gradient_float64(n_heads):
         assert rel_error(grad, theirs[name]) < 1e-10, name
 
 
+@pytest.mark.torch_parity
 def test_torch_twin_after_one_adamw_step_has_the_same_loss_float64():
     torch = pytest.importorskip("torch")
     tg = _load("torch_gpt")
@@ -107,6 +109,7 @@ def test_torch_twin_after_one_adamw_step_has_the_same_loss_float64():
         assert abs(a - b) < 1e-10 * abs(a)
 
 
+@pytest.mark.torch_parity
 def test_from_tinygpt_rejects_dropout():
     pytest.importorskip("torch")
     tg = _load("torch_gpt")

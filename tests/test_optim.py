@@ -501,6 +501,7 @@ def _torch_run(torch_opt_cls, kwargs, model, grads):
     return {k: p.detach().numpy() for k, p in tparams.items()}
 
 
+@pytest.mark.torch_parity
 @pytest.mark.parametrize("ours, theirs, kwargs", [
     (Adam, "Adam", dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-8)),
     (AdamW, "AdamW", dict(lr=1e-2, betas=(0.85, 0.995), eps=1e-7, weight_decay=0.1)),
@@ -518,6 +519,7 @@ def test_parity_with_torch_five_steps(ours, theirs, kwargs):
         np.testing.assert_allclose(model.params[k], expected[k], rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.torch_parity
 def test_eps_inside_sqrt_is_not_torch_adamw():
     torch = pytest.importorskip("torch")
     model = make_model()
@@ -529,6 +531,7 @@ def test_eps_inside_sqrt_is_not_torch_adamw():
     assert diff > 1e-3
 
 
+@pytest.mark.torch_parity
 def test_clip_grad_norm_parity_with_torch():
     torch = pytest.importorskip("torch")
     model = make_model()

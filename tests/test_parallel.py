@@ -184,6 +184,7 @@ def test_causal_path_gradcheck_and_errors():
     assert np.abs(y - y_ref).max() < 1e-12
 
 
+@pytest.mark.torch_parity
 def test_causal_path_matches_torch_sdpa_float64():
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(1)

@@ -223,6 +223,7 @@ def test_two_layer_shapes_config_and_defaults():
         model.forward(np.zeros((3, 5, 7), np.float32))
 
 
+@pytest.mark.torch_parity
 def test_two_layer_matches_torch_autograd():
     torch = pytest.importorskip("torch")
     X, Y_true = data(B=2, T=5, d=4, seed=13)

@@ -501,6 +501,7 @@ def test_run_transformer_cli(tmp_path, capsys):
 
 # ---------------------------------------------------------------- PyTorch as an independent oracle
 
+@pytest.mark.torch_parity
 def test_matches_pytorch_transformer_encoder_layers():
     """The same weights in torch.nn.TransformerEncoderLayer (post-norm, ReLU) give the same logits,
     loss and parameter gradients, in float64, with the causal and the padding mask."""

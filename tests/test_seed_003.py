@@ -155,6 +155,7 @@ def test_positions_have_no_parameters_and_identity_backward():
 
 # ---------------------------------------------------------------- PyTorch parity
 
+@pytest.mark.torch_parity
 def test_matches_torch_post_ln_encoder_layers():
     torch = pytest.importorskip("torch")
     model, x = tiny(n_layers=2, n_heads=2), inputs(B=2, T=5)

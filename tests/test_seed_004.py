@@ -86,6 +86,7 @@ def torch_twin(model):
     return torch, P, forward
 
 
+@pytest.mark.torch_parity
 @pytest.mark.parametrize("n_heads", [1, 4])
 def test_torch_parity_logits_and_every_gradient(n_heads):
     model = randomize(tiny(n_heads, d_model=16, n_layers=2), seed=7)
