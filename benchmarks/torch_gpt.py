@@ -8,7 +8,8 @@ The same architecture in the form a PyTorch user would write it: ``nn.Embedding`
 ``nn.Linear`` (fused ``W_qkv``), ``F.scaled_dot_product_attention(is_causal=True)`` and
 ``F.gelu(approximate="tanh")``. ``nn.Linear`` stores ``weight: (d_out, d_in)``, the transpose of
 tformer's ``W: (d_in, d_out)``, so ``from_tinygpt`` copies ``W.T`` and ``grads_as_tformer`` transposes
-back. Only used by the benchmark and its tests; torch is optional everywhere else.
+back. Used by the benchmark and by the tests (tests/test_benchmarks.py, and the training-trajectory
+test in tests/test_torch_parity.py).
 """
 import numpy as np
 import torch
