@@ -299,7 +299,7 @@ def test_bad_input_messages():
     x = randn(2, 3, 4)
     _raises(ValueError, r"x: last axis .* x \(2, 3, 4\), W \(5, 2\)", F.linear_forward, x, randn(5, 2))
     _raises(ValueError, r"b: expected shape \(2,\), got \(3,\)", F.linear_forward, x, randn(4, 2), randn(3))
-    _raises(TypeError, r"x: expected dtype float32 or float64, got int64", F.softmax_forward, np.arange(3))
+    _raises(TypeError, r"x: expected dtype float32, float64, float16 or bfloat16, got int64", F.softmax_forward, np.arange(3))
     _raises(TypeError, r"x: expected a NumPy", F.relu_forward, [1.0, 2.0])
     _raises(TypeError, r"dtype mismatch", F.linear_forward, x.astype(np.float32), randn(4, 2))
     _raises(ValueError, r"gamma: expected shape \(4,\), got \(3,\)", F.layernorm_forward, x, randn(3), randn(4))

@@ -5,15 +5,16 @@ value) here, at the boundary, instead of an ``IndexError`` or a NaN from deep in
 """
 import numpy as np
 
-FLOATS = (np.float32, np.float64)
+from ._dtypes import FLOATS
 
 
 def float_array(name, x, ndim=None, min_ndim=None):
-    """Check that ``x`` is a float32/float64 ndarray (optionally of a given rank); return it."""
+    """Check that ``x`` is a float ndarray (float32, float64, or float16/bfloat16 for mixed
+    precision), optionally of a given rank; return it."""
     if not isinstance(x, np.ndarray):
         raise TypeError(f"{name}: expected a NumPy float32/float64 array, got {type(x).__name__}")
     if x.dtype not in FLOATS:
-        raise TypeError(f"{name}: expected dtype float32 or float64, got {x.dtype}")
+        raise TypeError(f"{name}: expected dtype float32, float64, float16 or bfloat16, got {x.dtype}")
     if ndim is not None and x.ndim != ndim:
         raise ValueError(f"{name}: expected {ndim} dimensions, got shape {x.shape}")
     if min_ndim is not None and x.ndim < min_ndim:
@@ -36,7 +37,7 @@ def same_dtype(**arrays):
     dtypes = {k: v.dtype for k, v in arrays.items() if v is not None}
     if len(set(dtypes.values())) > 1:
         desc = ", ".join(f"{k}={d}" for k, d in dtypes.items())
-        raise TypeError(f"dtype mismatch: {desc}; cast explicitly (float32 or float64 throughout)")
+        raise TypeError(f"dtype mismatch: {desc}; cast explicitly (one float dtype throughout)")
 
 
 def shape_is(name, x, shape):

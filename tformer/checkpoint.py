@@ -1,13 +1,16 @@
 """Save and load model + optimizer + config + step in one file, written atomically.
 
 The file is a NumPy ``.npz`` archive: ``model/<name>`` for every parameter, ``optim/<key>`` for the
-optimizer state, and one JSON string ``meta`` with the config, the step, the optimizer's scalars
-and any extra JSON-able state (e.g. an RNG state). It is written to a temporary file in the same
-folder and renamed over the target, so a crash mid-write never leaves a half-written checkpoint.
+optimizer state, and one JSON string ``meta`` with the config, the step, the optimizer's scalars,
+the mixed-precision state (the loss scaler's S and counters) and any extra JSON-able state (e.g.
+an RNG state). It is written to a temporary file in the same folder and renamed over the target,
+so a crash mid-write never leaves a half-written checkpoint. ``load_checkpoint`` also accepts the
+int8 checkpoints of ``tformer.quantize`` (their ``meta`` holds a ``quantized`` entry).
 """
 import json
 import os
 import tempfile
+import zipfile
 
 import numpy as np
 
@@ -17,8 +20,11 @@ def _rng_state(model):
     return rng.bit_generator.state if isinstance(rng, np.random.Generator) else None
 
 
-def save_checkpoint(path, model, optimizer=None, config=None, step=0, extra=None):
-    """Write ``path`` atomically (temporary file, then ``os.replace``). Returns ``path``."""
+def save_checkpoint(path, model, optimizer=None, config=None, step=0, extra=None, precision=None):
+    """Write ``path`` atomically (temporary file, then ``os.replace``). Returns ``path``.
+
+    ``precision``: a ``tformer.precision.MixedPrecision`` whose state (precision, loss scaler) is
+    saved too; the parameters saved are the model's float32 masters either way."""
     config = dict(config if config is not None else getattr(model, "config", {}))
     arrays = {f"model/{k}": v for k, v in model.state_dict().items()}
     opt_scalars = {}
@@ -30,7 +36,15 @@ def save_checkpoint(path, model, optimizer=None, config=None, step=0, extra=None
                 opt_scalars[k] = v
     meta = {"config": config, "step": int(step), "optim_scalars": opt_scalars,
             "rng_state": _rng_state(model), "extra": extra or {}}
+    if precision is not None:
+        meta["precision"] = precision.state_dict()
     arrays["meta"] = np.array(json.dumps(meta))
+    return write_npz(path, arrays)
+
+
+def write_npz(path, arrays):
+    """``np.savez(path, **arrays)`` written atomically: a temporary file in the same folder, then
+    renamed over ``path``. Returns ``path``."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".npz")
@@ -47,25 +61,49 @@ def save_checkpoint(path, model, optimizer=None, config=None, step=0, extra=None
     return path
 
 
-def read_checkpoint(path):
-    """Return ``(meta, model_state, optim_state)`` from ``path`` without building anything."""
+def read_npz(path):
+    """``(meta, arrays)``: the JSON ``meta`` and every other array of the ``.npz`` at ``path``, all
+    read (so every member's CRC-32 is checked). A missing file raises FileNotFoundError; a file that
+    is not such an archive (truncated, corrupt, another format) raises ValueError naming it."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"path: no checkpoint at {path!r}")
-    with np.load(path, allow_pickle=False) as z:
-        meta = json.loads(str(z["meta"]))
-        model_state = {k[6:]: z[k] for k in z.files if k.startswith("model/")}
-        optim_state = dict(meta["optim_scalars"])
-        optim_state.update({k[6:]: z[k] for k in z.files if k.startswith("optim/")})
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        meta = json.loads(str(arrays.pop("meta")))
+        if not isinstance(meta, dict):
+            raise ValueError("meta is not a JSON object")
+    except (zipfile.BadZipFile, OSError, EOFError, KeyError, ValueError) as e:
+        raise ValueError(f"path: {path!r} is not a readable checkpoint ({type(e).__name__}: {e})") from e
+    return meta, arrays
+
+
+def read_checkpoint(path):
+    """Return ``(meta, model_state, optim_state)`` from ``path`` without building anything."""
+    meta, arrays = read_npz(path)
+    model_state = {k[6:]: v for k, v in arrays.items() if k.startswith("model/")}
+    optim_state = dict(meta.get("optim_scalars", {}))
+    optim_state.update({k[6:]: v for k, v in arrays.items() if k.startswith("optim/")})
     return meta, model_state, optim_state
 
 
-def load_checkpoint(path, model, optimizer=None, config=None):
+def load_checkpoint(path, model, optimizer=None, config=None, precision=None):
     """Load ``path`` into ``model`` (and ``optimizer``); returns the metadata dict (config, step, extra).
 
     The stored config must equal ``config`` (default: ``model.config``); a checkpoint made for
     another configuration raises ValueError listing the keys that differ.
+    ``precision``: a ``MixedPrecision`` attached to ``model``: its loss scaler continues from the
+    saved state (if the run was saved in the same precision) and its copies are refreshed.
+    A quantized checkpoint (``python -m tformer quantize``) turns the model's layers into int8
+    layers (``tformer.quantize.load_quantized``); it holds no optimizer state.
     """
     meta, model_state, optim_state = read_checkpoint(path)
+    if "quantized" in meta:
+        if optimizer is not None or precision is not None:
+            raise ValueError(f"path: {path!r} is a quantized checkpoint (inference only): it "
+                             f"holds no optimizer or precision state to load")
+        from .quantize import load_quantized     # quantize builds on this module: imported here
+        return load_quantized(path, model, config)
     want = dict(config if config is not None else getattr(model, "config", {}))
     have = meta["config"]
     if want and json.loads(json.dumps(want)) != have:
@@ -75,6 +113,11 @@ def load_checkpoint(path, model, optimizer=None, config=None):
     model.load_state_dict(model_state)
     if optimizer is not None:
         optimizer.load_state_dict(optim_state)
+    if precision is not None:
+        if meta.get("precision") is not None:
+            precision.load_state_dict(meta["precision"])
+        else:
+            precision.refresh()
     if meta.get("rng_state") is not None and isinstance(getattr(model, "rng", None), np.random.Generator):
         model.rng.bit_generator.state = meta["rng_state"]
     return meta

@@ -258,7 +258,8 @@ class DataParallel:
             g *= max_norm / norm
         return norm
 
-    def save_checkpoint(self, path, model, optimizer=None, config=None, step=0, extra=None):
+    def save_checkpoint(self, path, model, optimizer=None, config=None, step=0, extra=None,
+                        precision=None):
         """Gather what is sharded (every rank must call), then rank 0 writes the file atomically.
 
         The file is the same as a single process would write: a checkpoint of any world size
@@ -266,19 +267,19 @@ class DataParallel:
         if isinstance(optimizer, ShardedOptimizer):
             optimizer = optimizer.gathered()
         if self.world.is_root:
-            save_checkpoint(path, model, optimizer, config, step, extra)
+            save_checkpoint(path, model, optimizer, config, step, extra, precision=precision)
         return path
 
-    def load_checkpoint(self, path, model, optimizer=None, config=None):
+    def load_checkpoint(self, path, model, optimizer=None, config=None, precision=None):
         """Every rank reads ``path`` (a file all hosts see) inside ``World.together``: a missing
         file or another model's checkpoint is the same ``RankError`` on every rank."""
         from .checkpoint import load_checkpoint
         with self.world.together(f"loading the checkpoint {path!r}"):
             if isinstance(optimizer, ShardedOptimizer):
-                meta = load_checkpoint(path, model, None, config)
+                meta = load_checkpoint(path, model, None, config, precision=precision)
                 optimizer.load_state_dict(read_checkpoint(path)[2])
             else:
-                meta = load_checkpoint(path, model, optimizer, config)
+                meta = load_checkpoint(path, model, optimizer, config, precision=precision)
         return meta
 
 

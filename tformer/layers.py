@@ -342,7 +342,7 @@ class SinusoidalPositions(Module):
         T = x.shape[1]
         if offset + T > self.pe.shape[0]:
             raise ValueError(f"x: {offset + T} positions exceed max_len = {self.pe.shape[0]}")
-        return x + self.pe[offset:offset + T]
+        return x + self.pe[offset:offset + T].astype(x.dtype, copy=False)   # in x's format
 
     def backward(self, dy):
         return dy

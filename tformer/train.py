@@ -5,6 +5,11 @@ Every source system trains through ``train``. What differs between them is passe
 ``forward_loss(model, batch) -> (loss, dout)``, which runs the forward pass and the loss and
 returns the gradient of the loss with respect to the model's output. ``train`` then calls
 ``model.backward(dout / accum_steps)`` for each micro-batch and ``optimizer.step()``.
+
+With ``precision=`` (a ``tformer.precision.MixedPrecision``) one step is: backward of every
+micro-batch from S · dout in the model's low precision → (all-reduce, with ``data_parallel``) →
+unscale and check for inf/NaN (an overflow skips the step and halves S) → global norm and
+clipping → update of the float32 masters → refresh of the low-precision copies.
 """
 import math
 import os
@@ -26,7 +31,7 @@ class NonFiniteLossError(FloatingPointError):
 def train(model, optimizer, batch, forward_loss, steps, *, start_step=0, accum_steps=1,
           clip_norm=None, lr_schedule=None, evaluate=None, eval_every=0, checkpoint_path=None,
           checkpoint_every=0, config=None, progress_bar=None, desc="train", log_every=1,
-          data_parallel=None):
+          data_parallel=None, precision=None):
     """Train ``model`` for steps ``start_step+1 .. steps``; returns the history dict.
 
     - ``accum_steps = k``: the gradient of one update is the mean over ``k`` micro-batches
@@ -42,15 +47,24 @@ def train(model, optimizer, batch, forward_loss, steps, *, start_step=0, accum_s
     - ``data_parallel`` (a ``tformer.distributed.DataParallel``; ``batch`` then gives this rank's
       slice): after the backward passes the gradient and the loss are averaged over the ranks, and
       the NaN guard, the norm and clipping act on the averaged values, the same on every rank.
+    - ``precision``: mixed precision (see the module docstring); the checkpoints also store its
+      loss-scaler state, so a resumed run continues the same schedule of S.
 
     History: lists ``step``, ``loss``, ``lr``, ``grad_norm``, ``time``, and ``eval`` (a list of
-    ``(step, metrics)`` pairs).
+    ``(step, metrics)`` pairs); with ``precision`` also ``loss_scale`` (S of each logged step) and
+    ``skipped`` (the steps skipped on overflow; their ``grad_norm`` is NaN).
     """
     if accum_steps < 1:
         raise ValueError(f"accum_steps: expected an integer ≥ 1, got {accum_steps}")
     if steps < start_step:
         raise ValueError(f"steps: expected at least start_step = {start_step}, got {steps}")
     hist = {"step": [], "loss": [], "lr": [], "grad_norm": [], "time": [], "eval": []}
+    if precision is not None:
+        if data_parallel is not None and data_parallel.zero:
+            raise ValueError("precision: mixed precision with ZeRO-1 (sharded gradients) is not "
+                             "supported; use data parallelism without zero")
+        hist.update(loss_scale=[], skipped=[])
+        precision.refresh()                        # the copies follow the masters (e.g. just loaded)
     last_good = None
     t0 = time.perf_counter()
     model.train()
@@ -70,7 +84,8 @@ def train(model, optimizer, batch, forward_loss, steps, *, start_step=0, accum_s
                 if data_parallel is None:
                     break
                 continue                           # the other ranks wait for this one's gradient
-            model.backward(dout / accum_steps if accum_steps > 1 else dout)
+            dout = dout / accum_steps if accum_steps > 1 else dout
+            model.backward(precision.scale_grad(dout) if precision is not None else dout)
         if data_parallel is not None:              # g ← (1/p) Σ_r g_r, and the mean loss
             loss = data_parallel.reduce_gradients(model, loss)
         if not math.isfinite(loss):
@@ -78,26 +93,46 @@ def train(model, optimizer, batch, forward_loss, steps, *, start_step=0, accum_s
             raise NonFiniteLossError(f"step {step}: the loss is {loss}; training stopped before "
                                      f"the update{where}") from cause
         clip = data_parallel.clip_grad_norm if data_parallel is not None else clip_grad_norm
-        norm = clip(model, clip_norm or NO_CLIP)                 # scales only if finite and too big
-        if not math.isfinite(norm):
+        scale = precision.loss_scale if precision is not None else 1.0
+        skip = not _unscale(precision, step, last_good)          # fp16 overflow: no update, S halved
+        norm = float("nan") if skip else clip(model, clip_norm or NO_CLIP)   # clips if finite, too big
+        if not skip and not math.isfinite(norm):
             where = f"; the last good checkpoint is {last_good}" if last_good else ""
             raise NonFiniteLossError(f"step {step}: the gradient norm is {norm}; training stopped "
                                      f"before the update{where}")
-        optimizer.step()
+        if skip:
+            hist["skipped"].append(step)
+        else:
+            optimizer.step()
+            if precision is not None:
+                precision.refresh()                              # masters → low-precision copies
         if step % log_every == 0 or step == steps:
             hist["step"].append(step)
             hist["loss"].append(loss)
             hist["lr"].append(float(getattr(optimizer, "lr", float("nan"))))
             hist["grad_norm"].append(norm)
             hist["time"].append(time.perf_counter() - t0)
+            if precision is not None:
+                hist["loss_scale"].append(scale)
         if evaluate is not None and ((eval_every and step % eval_every == 0) or step == steps):
             model.eval()
             hist["eval"].append((step, evaluate(model)))
             model.train()
         if checkpoint_path and ((checkpoint_every and step % checkpoint_every == 0) or step == steps):
             save = data_parallel.save_checkpoint if data_parallel is not None else save_checkpoint
-            save(checkpoint_path, model, optimizer, config, step)
+            save(checkpoint_path, model, optimizer, config, step, precision=precision)
             last_good = os.fspath(checkpoint_path)
         if hasattr(bar, "set_postfix") and not bar.disable:
             bar.set_postfix(loss=f"{loss:.4g}", refresh=False)
     return hist
+
+
+def _unscale(precision, step, last_good):
+    """Mixed precision: unscale the gradients; False if they overflowed (skip this step)."""
+    if precision is None:
+        return True
+    try:
+        return precision.unscale_()
+    except FloatingPointError as e:
+        where = f"; the last good checkpoint is {last_good}" if last_good else ""
+        raise NonFiniteLossError(f"step {step}: {e}; training stopped before the update{where}") from e

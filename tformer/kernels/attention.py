@@ -4,6 +4,7 @@ import math
 import numpy as np
 
 from .. import parallel
+from .._dtypes import compute_dtype, matmul
 from .._validate import float_array, int_array, same_dtype
 from .softmax import _softmax_backward_inplace, _softmax_inplace
 
@@ -71,6 +72,8 @@ def attention_forward(q, k, v, mask=None, scale=None, is_causal=False, out=None)
     is (n + 1)/2n of the products and exponentials (5/8 at T = 256). Same result as
     ``mask=causal_mask(T)``.
     ``out``: an array (or a view, e.g. the heads of a ``(B, T, C)`` buffer) to write y into.
+    float16/bfloat16: each product accumulates in float32 and the softmax runs in float32
+    (``tformer._dtypes.matmul``, ``softmax``); S, P and y are stored in the input's format.
     Returns ``y, cache`` with the probabilities ``P: (..., T_q, T_k)`` in the cache.
     """
     float_array("q", q, min_ndim=2)
@@ -118,13 +121,13 @@ def attention_forward(q, k, v, mask=None, scale=None, is_causal=False, out=None)
         # The scale multiplies Q (T_q × D) before the product rather than S (T_q × T_k) after it:
         # the same scores (exactly, when scale is a power of 2) for a pass over a T/D times smaller array.
         Sp = Sg[at]
-        np.matmul(np.multiply(qg[at], scale, dtype=q.dtype), kg[at].swapaxes(-1, -2), out=Sp)
+        matmul(_scaled(qg[at], scale), kg[at].swapaxes(-1, -2), out=Sp)
         if blocked is not None:
             np.copyto(Sp, -np.inf, where=_rows_of(blocked, at, Sg.ndim))
         elif additive is not None:
             Sp += _rows_of(additive, at, Sg.ndim)
         _softmax_inplace(Sp)       # softmax_forward's arithmetic, written over S: no second T×T array
-        np.matmul(Sp, vg[at], out=yg[at])
+        matmul(Sp, vg[at], out=yg[at])
 
     parallel.parallel_for(seqs, *_split_axis(qg))
     return y, (q, k, v, S, scale, None)
@@ -183,8 +186,8 @@ def _matmul_sum(a, b, out, G):
     batched matmul into a temporary ``(..., H_kv, G, T_k, ·)``, then one reduction over g.
     """
     if G == 1:
-        return np.matmul(a, b, out=out)
-    return np.add.reduce(np.matmul(a, b), axis=-3, out=out)
+        return matmul(a, b, out=out)
+    return np.add.reduce(matmul(a, b), axis=-3, out=out)
 
 
 def _out(name, out, shape, dtype):
@@ -218,17 +221,22 @@ def _causal_forward(q, k, v, scale, y, G=1):
     qg, kg, vg, Sg, yg = _grouped(G, q, k, v, S, y)
 
     def seqs(lo, hi):
-        qs = np.multiply(qg[lo:hi], scale, dtype=q.dtype)
+        qs = _scaled(qg[lo:hi], scale)
         for a, b in tiles:
             St = Sg[lo:hi, ..., a:b, :b]                 # (..., b − a, b): this tile's live scores
-            np.matmul(qs[..., a:b, :], kg[lo:hi, ..., :b, :].swapaxes(-1, -2), out=St)
+            matmul(qs[..., a:b, :], kg[lo:hi, ..., :b, :].swapaxes(-1, -2), out=St)
             np.copyto(St[..., a:b], -np.inf, where=above[b - a])
             _softmax_inplace(St)                         # P of the tile, over its scores
             Sg[lo:hi, ..., a:b, b:] = 0                  # keys after the tile: P = 0
-            np.matmul(St, vg[lo:hi, ..., :b, :], out=yg[lo:hi, ..., a:b, :])
+            matmul(St, vg[lo:hi, ..., :b, :], out=yg[lo:hi, ..., a:b, :])
 
     parallel.parallel_for(seqs, *_split_axis(qg))
     return y, (q, k, v, S, scale, tiles)
+
+
+def _scaled(q, scale):
+    """scale · Q, a new array in Q's format (float16/bfloat16: multiplied in float32, rounded once)."""
+    return np.multiply(q, scale, dtype=compute_dtype(q.dtype)).astype(q.dtype, copy=False)
 
 
 def _split_axis(q):
@@ -280,8 +288,8 @@ def attention_backward(dy, cache, out=None):
         at = _items(lo, hi, qg.ndim)
         Pp, dyp = Pg[at], dyg[at]
         _matmul_sum(Pp.swapaxes(-1, -2), dyp, dv[at], G)        # dV = Pᵀ dY   (..., T_k, D_v)
-        dS = _softmax_backward_inplace(dyp @ vg[at].swapaxes(-1, -2), Pp)   # dS/scale, over dP
-        np.matmul(dS, kg[at], out=dqg[at])
+        dS = _softmax_backward_inplace(matmul(dyp, vg[at].swapaxes(-1, -2)), Pp)   # dS/scale, over dP
+        matmul(dS, kg[at], out=dqg[at])
         _matmul_sum(dS.swapaxes(-1, -2), qg[at], dk[at], G)
         # The scale multiplies dQ and dK (T × D each) instead of dS (T × T).
         dqg[at] *= scale                                        # dQ = scale · dS K   (..., T_q, D)
@@ -305,9 +313,9 @@ def _causal_backward(dy, q, k, v, P, scale, tiles, out, G=1):
         for a, b in tiles:
             St = Pp[..., a:b, :b]
             dSt = dSp[..., a:b, :b]
-            np.matmul(dyp[..., a:b, :], vs[..., :b, :].swapaxes(-1, -2), out=dSt)   # dP tile
+            matmul(dyp[..., a:b, :], vs[..., :b, :].swapaxes(-1, -2), out=dSt)   # dP tile
             _softmax_backward_inplace(dSt, St)           # dS/scale = P ⊙ (dP − ⟨dP, P⟩), in place
-            np.matmul(dSt, ks[..., :b, :], out=dqg[lo:hi, ..., a:b, :])
+            matmul(dSt, ks[..., :b, :], out=dqg[lo:hi, ..., a:b, :])
         for c, d in tiles:
             _matmul_sum(Pp[..., c:, c:d].swapaxes(-1, -2), dyp[..., c:, :], dv[lo:hi, ..., c:d, :], G)
             _matmul_sum(dSp[..., c:, c:d].swapaxes(-1, -2), qs[..., c:, :], dk[lo:hi, ..., c:d, :], G)

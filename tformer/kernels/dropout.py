@@ -1,6 +1,7 @@
 """Inverted dropout kernel."""
 import numpy as np
 
+from .._dtypes import compute_dtype
 from .._validate import float_array
 
 
@@ -18,7 +19,8 @@ def dropout_forward(x, p, rng=None, training=True):
         return x, None
     if not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng: expected np.random.Generator, got {type(rng).__name__}")
-    keep = rng.random(x.shape, dtype=x.dtype) >= p
+    # float16/bfloat16: drawn in float32 (NumPy draws no others), so the masks are those of float32.
+    keep = rng.random(x.shape, dtype=compute_dtype(x.dtype)) >= p
     mask = keep.astype(x.dtype)
     mask *= 1.0 / (1.0 - p)
     return x * mask, mask

@@ -1,6 +1,7 @@
 """Embedding lookup kernel: E = W[tokens], and the scatter-add that is its gradient."""
 import numpy as np
 
+from .._dtypes import compute_dtype
 from .._validate import float_array, int_array, index_range
 
 
@@ -21,7 +22,8 @@ def embedding_backward(dE, cache):
 
     A row of W receives the sum of the upstream gradients of every position that looked it up.
     ``np.add.at`` does this but slowly; here the positions are sorted by token once and each run
-    of equal tokens is summed with ``np.add.reduceat`` (one vectorised pass over ``B·T`` rows).
+    of equal tokens is summed with ``np.add.reduceat`` (one vectorised pass over ``B·T`` rows),
+    in float32 when ``dE`` is float16/bfloat16 (a frequent token's row sums thousands of terms).
     Shapes: ``dE: (B, T, C)`` -> ``dW: (V, C)``.
     """
     tokens, (V, C) = cache
@@ -31,5 +33,6 @@ def embedding_backward(dE, cache):
     order = np.argsort(flat, kind="stable")
     ids, starts = np.unique(flat[order], return_index=True)
     dW = np.zeros((V, C), dtype=dE.dtype)
-    dW[ids] = np.add.reduceat(dE.reshape(-1, C)[order], starts, axis=0)
+    rows = dE.reshape(-1, C)[order]                      # (B·T, C), grouped by token
+    dW[ids] = np.add.reduceat(rows, starts, axis=0, dtype=compute_dtype(dE.dtype))
     return dW

@@ -2,6 +2,7 @@
 import numpy as np
 
 from .. import parallel
+from .._dtypes import is_low
 from .._validate import float_array, same_dtype
 
 
@@ -11,7 +12,10 @@ def layernorm_forward(x, gamma, beta, eps=1e-5):
     Shapes: ``x: (..., C)``, ``gamma, beta: (C,)``  ->  ``y: (..., C)``.
     A constant row has var = 0: x̂ = 0 and y = β, finite because ε > 0.
     Like llm.c, the cache keeps only the small per-row ``mu`` and ``rstd`` (plus ``x``, which the
-    caller holds anyway) and the backward recomputes the cheap, large x̂. Returns ``y, cache``.
+    caller holds anyway) and the backward recomputes the cheap, large x̂.
+    float16/bfloat16: the statistics and the normalisation run in float32 on upcast copies and y is
+    rounded back (a variance summed in 11 bits is too coarse); ``mu`` and ``rstd`` stay float32.
+    Returns ``y, cache``.
     """
     float_array("x", x, min_ndim=1)
     C = x.shape[-1]
@@ -22,6 +26,9 @@ def layernorm_forward(x, gamma, beta, eps=1e-5):
     same_dtype(x=x, gamma=gamma, beta=beta)
     if not eps > 0:
         raise ValueError(f"eps: expected a positive number, got {eps}")
+    if is_low(x.dtype):
+        y, (_, _, mu, rstd) = layernorm_forward(*(a.astype(np.float32) for a in (x, gamma, beta)), eps)
+        return y.astype(x.dtype), (x, gamma, mu, rstd)
     x2 = x.reshape(-1, C)                                # (N, C)
     N = x2.shape[0]
     y = np.empty_like(x2)
@@ -54,11 +61,15 @@ def layernorm_backward(dy, cache):
     In the forward pass every x̂_i depends on the whole row through μ and rstd; the two means are
     what that dependence contributes (the derivation chapter shows this equals the three-term
     g_σ², g_μ form of seed 003). dγ and dβ sum over every row (all leading axes).
-    Shapes: ``dy: (..., C)`` -> ``(dx: (..., C), dgamma: (C,), dbeta: (C,))``.
+    Shapes: ``dy: (..., C)`` -> ``(dx: (..., C), dgamma: (C,), dbeta: (C,))``. float16/bfloat16:
+    computed in float32, the three gradients rounded back to the input's format.
     """
     x, gamma, mu, rstd = cache
     if dy.shape != x.shape:
         raise ValueError(f"dy: expected shape {x.shape}, got {dy.shape}")
+    if is_low(x.dtype):
+        cache32 = (x.astype(np.float32), gamma.astype(np.float32), mu, rstd)
+        return tuple(g.astype(x.dtype) for g in layernorm_backward(dy.astype(np.float32), cache32))
     C = x.shape[-1]
     x2, dy2 = x.reshape(-1, C), dy.reshape(-1, C)        # (N, C)
     mu2, rstd2 = mu.reshape(-1, 1), rstd.reshape(-1, 1)  # (N, 1)

@@ -2,6 +2,7 @@
 import numpy as np
 
 from .. import parallel
+from .._dtypes import matmul
 from .._validate import float_array, same_dtype
 
 # Split a product by rows only when each part has at least this many multiply-adds: below it the
@@ -15,6 +16,7 @@ def linear_forward(x, W, b=None):
     Shapes: ``x: (..., C_in)``, ``W: (C_in, C_out)``, ``b: (C_out,)`` or None  ->  ``y: (..., C_out)``.
     The leading axes are flattened into one GEMM of ``B·T`` rows (no loop over batch); with
     ``tformer.parallel`` threads, each thread computes a block of those rows and adds b to it.
+    In float16/bfloat16 the products accumulate in float32 (``tformer._dtypes.matmul``).
     Returns ``y, cache``.
     """
     float_array("x", x, min_ndim=1)
@@ -30,7 +32,7 @@ def linear_forward(x, W, b=None):
     y = np.empty((x2.shape[0], W.shape[1]), W.dtype)    # (N, C_out)
 
     def rows(lo, hi):
-        np.matmul(x2[lo:hi], W, out=y[lo:hi])
+        matmul(x2[lo:hi], W, out=y[lo:hi])
         if b is not None:
             y[lo:hi] += b
 
@@ -61,16 +63,16 @@ def linear_backward(dy, cache, accumulate=None):
                              f"{gW.shape} and {None if gb is None else gb.shape}")
 
     def input_and_bias_grads():
-        dx = dy2 @ W.T                                  # (N, C_in)
+        dx = matmul(dy2, W.T)                           # (N, C_in)
         # Σ over the N rows as a vector-matrix product 1ᵀ dY₂: BLAS sums rows faster than sum(axis=0).
-        db = np.ones(dy2.shape[0], dy2.dtype) @ dy2 if has_b else None   # (C_out,)
+        db = matmul(np.ones(dy2.shape[0], dy2.dtype), dy2) if has_b else None   # (C_out,)
         if has_b and accumulate is not None:
             np.add(gb, db, out=gb)
             db = gb
         return dx, db
 
     def weight_grad():
-        dW = x2.T @ dy2                                 # (C_in, C_out)
+        dW = matmul(x2.T, dy2)                          # (C_in, C_out)
         if accumulate is None:
             return dW
         return np.add(gW, dW, out=gW)

@@ -2,6 +2,7 @@
 import numpy as np
 
 from .. import parallel
+from .._dtypes import is_low
 from .._validate import float_array, index_range, int_array
 
 
@@ -12,11 +13,15 @@ def mse_loss(y, target, reduction="mean"):
     ``reduction="half_sum"`` (seeds 000/001): L = ½‖y − t‖², dL/dy = y − t.
     ``reduction="sum"``: L = ‖y − t‖², dL/dy = 2(y − t).
     Shapes: ``y, target: (...)`` the same  ->  ``(loss: float, dy: like y)``.
+    float16/bfloat16 input: computed in float32, and ``dy`` is returned in float32 (see
+    ``cross_entropy``).
     """
     float_array("y", y)
     float_array("target", target)
     if y.shape != target.shape:
         raise ValueError(f"target: expected shape {y.shape} (from y), got {target.shape}")
+    if is_low(y.dtype) or is_low(target.dtype):
+        return mse_loss(y.astype(np.float32), target.astype(np.float32), reduction)
     diff = y - target
     sq = float(np.vdot(diff, diff))
     if reduction == "mean":
@@ -40,8 +45,14 @@ def cross_entropy(logits, targets, ignore_index=None):
     so logits of ±1e4 give a finite loss, and the gradient p − onehot never divides by a tiny p.
     If every target is ignored, the loss is 0.0 and the gradient is zero.
     Shapes: ``logits: (..., V)``, ``targets: (...)`` integers in [0, V)  ->  ``(loss: float, dlogits: like logits)``.
+    float16/bfloat16 logits: the loss is computed in float32 and ``dlogits`` is returned in float32.
+    Its entries are about p/N, far below float16's smallest normal number for N in the thousands:
+    rounded now, most would vanish. Mixed-precision training (``tformer.precision``) multiplies it
+    by the loss scale first and then rounds it to the model's format.
     """
     float_array("logits", logits, min_ndim=1)
+    if is_low(logits.dtype):
+        return cross_entropy(logits.astype(np.float32), targets, ignore_index)
     int_array("targets", targets)
     if targets.shape != logits.shape[:-1]:
         raise ValueError(f"targets: expected shape {logits.shape[:-1]} (from logits {logits.shape}), "

@@ -1,6 +1,7 @@
 """Softmax kernel and its vector-Jacobian product s ⊙ (g − ⟨g, s⟩)."""
 import numpy as np
 
+from .._dtypes import is_low
 from .._validate import float_array
 
 
@@ -27,7 +28,13 @@ def _softmax_inplace(x):
     probabilities P, so that no second array of x's size is made, and the causal path of attention
     passes strided tiles of S. The row sums are BLAS matrix-vector products x·1 (several times
     faster than ``sum(axis=-1)`` on rows of a few hundred floats).
+    In float16/bfloat16 the arithmetic runs on a float32 copy and the probabilities are rounded
+    back into ``x``: a sum of n terms rounded to 11 significant bits at every step can be off by
+    about n·2⁻¹¹ of itself.
     """
+    if is_low(x.dtype):
+        np.copyto(x, _softmax_inplace(x.astype(np.float32)), casting="same_kind")
+        return x
     m = x.max(axis=-1, keepdims=True)
     if np.isnan(m).any() or np.isposinf(m).any():
         raise ValueError("x: contains NaN or +inf; softmax of such a row is undefined")
@@ -60,8 +67,13 @@ def _softmax_backward_inplace(g, s, axis=-1):
     """g ← s ⊙ (g − ⟨g, s⟩) along ``axis``, written over ``g`` (any strides), returned.
 
     ⟨g, s⟩ per row is a dot product (np.vecdot: no temporary g ⊙ s). Attention calls this on its
-    own dP (or a tile of it), so that dS takes no array of its own.
+    own dP (or a tile of it), so that dS takes no array of its own. float16/bfloat16: computed on
+    float32 copies, rounded back into ``g``.
     """
+    if is_low(g.dtype):
+        g32 = _softmax_backward_inplace(g.astype(np.float32), s.astype(np.float32), axis)
+        np.copyto(g, g32, casting="same_kind")
+        return g
     g -= np.expand_dims(np.vecdot(g, s, axis=axis), axis)
     g *= s
     return g

@@ -26,6 +26,7 @@ from ..distributed import DataParallel, RankError, check_global_batch, get_world
 from ..generate import sample
 from ..models.tinygpt import TinyGPT
 from ..optim import AdamW, cosine_with_warmup
+from ..precision import PRECISIONS, precision_policy
 from ..train import train
 
 DEFAULT_CHECKPOINT = "checkpoints/tinygpt.npz"
@@ -72,6 +73,10 @@ def add_arguments(p):
     g.add_argument("--resume", action="store_true", help="continue from --checkpoint if it exists")
     g.add_argument("--zero", action="store_true",
                    help="under mpiexec: shard AdamW's state across the ranks (ZeRO stage 1)")
+    g.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32",
+                   help="compute in float32, or in float16/bfloat16 with float32 master weights")
+    g.add_argument("--init-scale", type=float, default=2.0 ** 16,
+                   help="fp16: initial loss scale S of the dynamic loss scaler")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g = p.add_argument_group("samples")
     g.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt of the printed samples")
@@ -100,7 +105,7 @@ def forward_loss(model, batch):
     return F.cross_entropy(model.forward(x), y)
 
 
-def _resume(args, model, opt, dp, world):
+def _resume(args, model, opt, dp, world, precision=None):
     """Load ``--checkpoint`` into model and optimizer if it exists (on every rank alike); the step."""
     with world.together("--resume"):
         exists = os.path.exists(args.checkpoint)
@@ -111,9 +116,9 @@ def _resume(args, model, opt, dp, world):
         print(f"no checkpoint at {args.checkpoint}: starting at step 0")
         return 0
     if dp is not None:
-        meta = dp.load_checkpoint(args.checkpoint, model, opt)
+        meta = dp.load_checkpoint(args.checkpoint, model, opt, precision=precision)
     else:
-        meta = load_checkpoint(args.checkpoint, model, opt)
+        meta = load_checkpoint(args.checkpoint, model, opt, precision=precision)
     print(f"resumed from {args.checkpoint} at step {meta['step']}")
     return meta["step"]
 
@@ -134,19 +139,20 @@ def main(args):
                     max_len=args.max_len, seed=args.seed, d_ff=args.d_ff, norm=args.norm,
                     positions=args.positions, mlp=args.mlp, n_kv_heads=args.n_kv_heads,
                     tie_embeddings=args.tie_embeddings)
+    precision = precision_policy(model, args.precision, args.init_scale)
     dp = DataParallel(model, world, zero=args.zero) if world.size > 1 or args.zero else None
 
     def make_optimizer(m):
         return AdamW(m, lr=args.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=args.weight_decay)
     opt = dp.optimizer(make_optimizer) if dp is not None else make_optimizer(model)
-    start = _resume(args, model, opt, dp, world) if args.resume else 0
+    start = _resume(args, model, opt, dp, world, precision) if args.resume else 0
     if world.size > 1:
         print(f"data parallel: {world.size} processes, {local_batch} windows of the global batch "
               f"each{', optimizer state sharded (ZeRO-1)' if args.zero else ''}")
     cfg = model.config
     print(f"TinyGPT: C={args.d_model}, {args.n_heads} heads, {args.n_layers} layers, "
           f"T={args.max_len}, {model.num_parameters():,} parameters; B={args.batch_size}, "
-          f"{args.steps} steps")
+          f"{args.steps} steps, {args.precision}")
     print(f"block: {cfg['norm']}, {cfg['positions']} positions, {cfg['mlp']} MLP (d_ff={cfg['d_ff']}), "
           f"{cfg['n_kv_heads']} key/value heads, {'tied' if cfg['tie_embeddings'] else 'untied'} embeddings")
 
@@ -161,7 +167,7 @@ def main(args):
                  lr_schedule=schedule, evaluate=evaluate, eval_every=args.eval_every,
                  checkpoint_path=args.checkpoint, checkpoint_every=args.checkpoint_every,
                  progress_bar=False if args.no_progress else None, desc="tinygpt",
-                 data_parallel=dp)
+                 data_parallel=dp, precision=precision)
     if not hist["eval"]:                                     # resumed at the last step
         hist["eval"].append((args.steps, evaluate(model.eval())))
     for step, m in hist["eval"]:
@@ -170,16 +176,22 @@ def main(args):
     below = 1.0 - final["val_bpb"] / H
     train_time = hist["time"][-1] if hist["time"] else 0.0
     save = dp.save_checkpoint if dp is not None else save_checkpoint
-    save(args.checkpoint, model, opt, step=args.steps, extra={
+    save(args.checkpoint, model, opt, step=args.steps, precision=precision, extra={
         "corpus": source, "unigram_entropy_bpb": H, "train_bpb": final["train_bpb"],
         "val_bpb": final["val_bpb"], "train_seconds": train_time, "world_size": world.size,
-        "eval": [[s, m] for s, m in hist["eval"]]})
+        "eval": [[s, m] for s, m in hist["eval"]],
+        "data": {"text": args.text, "block_size": args.max_len, "batch_size": args.batch_size,
+                 "val_fraction": args.val_fraction, "seed": args.seed,
+                 "eval_windows": args.eval_windows}})
     if not world.is_root:                                    # rank 0 alone prints the samples
         return 0 if math.isfinite(final["val_bpb"]) else 1
     print(f"validation: {final['val_bpb']:.3f} bits/byte vs unigram entropy {H:.3f} bits/byte: "
           f"{100 * below:.1f}% below (ratio {final['val_bpb'] / H:.3f}); "
           f"train {final['train_bpb']:.3f} bits/byte")
     done = args.steps - start
+    if precision is not None:
+        print(f"{args.precision}: {len(hist['skipped'])} of {done} steps skipped on overflow, "
+              f"final loss scale {precision.loss_scale:g}")
     print(f"checkpoint: {args.checkpoint} (training {train_time:.0f} s for {done} steps, "
           f"{done / train_time if train_time else float('nan'):.2f} steps/s with the evaluations)")
     prompt = encode(args.prompt)[None, :]                                  # (1, T0)

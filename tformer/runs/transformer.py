@@ -16,6 +16,7 @@ from ..checkpoint import load_checkpoint
 from ..data.sequences import EOS, SequenceTask
 from ..models.transformer import Transformer
 from ..optim import Adam, cosine_with_warmup, noam_lr
+from ..precision import PRECISIONS, precision_policy
 from ..train import train
 
 DEFAULT_CHECKPOINT = "checkpoints/transformer.npz"
@@ -47,6 +48,10 @@ def add_arguments(p):
     g.add_argument("--checkpoint", default=DEFAULT_CHECKPOINT, help="checkpoint file (written atomically)")
     g.add_argument("--checkpoint-every", type=int, default=250, help="write the checkpoint every this many steps")
     g.add_argument("--resume", action="store_true", help="continue from --checkpoint if it exists")
+    g.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32",
+                   help="compute in float32, or in float16/bfloat16 with float32 master weights")
+    g.add_argument("--init-scale", type=float, default=2.0 ** 16,
+                   help="fp16: initial loss scale S of the dynamic loss scaler")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g = p.add_argument_group("evaluation")
     g.add_argument("--eval-size", type=int, default=1000, help="distinct held-out sequences for exact match")
@@ -80,10 +85,11 @@ def main(args):
     model = Transformer(vocab_size=task.vocab_size, d_model=args.d_model, n_heads=args.n_heads,
                         n_layers=args.n_layers, d_ff=args.d_ff, max_len=task.seq_len,
                         dropout=args.dropout, seed=args.seed)
+    precision = precision_policy(model, args.precision, args.init_scale)
     opt = Adam(model, lr=args.lr, betas=(0.9, 0.98), eps=1e-9)
     start = 0
     if args.resume and os.path.exists(args.checkpoint):
-        start = load_checkpoint(args.checkpoint, model, opt)["step"]
+        start = load_checkpoint(args.checkpoint, model, opt, precision=precision)["step"]
         print(f"resumed from {args.checkpoint} at step {start}")
     print(f"task: {args.task} sequences of {args.min_len}..{args.max_len} symbols out of "
           f"{args.n_symbols}, padded to {task.seq_len} tokens; vocabulary {task.vocab_size}")
@@ -103,13 +109,16 @@ def main(args):
                  lr_schedule=make_schedule(args), evaluate=evaluate if args.eval_every else None,
                  eval_every=args.eval_every, checkpoint_path=args.checkpoint,
                  checkpoint_every=args.checkpoint_every, progress_bar=False if args.no_progress else None,
-                 desc="transformer")
+                 desc="transformer", precision=precision)
+    if precision is not None:
+        print(f"{args.precision}: {len(hist['skipped'])} of {args.steps - start} steps skipped on "
+              f"overflow, final loss scale {precision.loss_scale:g}")
     for step, m in hist["eval"][:-1]:
         print(f"step {step:5d}: greedy exact match {m['greedy']:.3f} ({n_probe} probe sequences)")
     if hist["loss"]:
         k = min(50, len(hist["loss"]))
         print(f"final loss (mean of the last {k} steps) {np.mean(hist['loss'][-k:]):.4f}; "
-              f"largest gradient norm {max(hist['grad_norm']):.3g}, last {hist['grad_norm'][-1]:.3g}")
+              f"largest gradient norm {np.nanmax(hist['grad_norm']):.3g}, last {hist['grad_norm'][-1]:.3g}")
     n = sum(len(y) for _, y in heldout.values())
     t1 = time.perf_counter()
     acc_g = task.exact_match(model, heldout, "greedy")
