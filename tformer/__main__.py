@@ -1,4 +1,4 @@
-"""``python -m tformer run <system> [flags]`` and ``python -m tformer generate [flags]``.
+"""``python -m tformer run <system> [flags]``, ``generate``, ``quantize`` and ``fewer-bits``.
 
 Each run lives in ``tformer/runs/<module>.py`` with ``add_arguments(parser)`` and ``main(args)``.
 """
@@ -59,6 +59,16 @@ def build_parser():
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
         mp.add_arguments(p)
         p.set_defaults(func=mp.main)
+    for name, module, help_text in (
+            ("quantize", "quantize_cmd", "int8 post-training quantization of a saved checkpoint"),
+            ("fewer-bits", "fewer_bits", "the precision and quantization measurements of the "
+                                         "chapter Fewer bits (writes a JSON file)")):
+        mod = _load(module)
+        if mod is not None:
+            p = sub.add_parser(name, help=help_text, description=help_text,
+                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+            mod.add_arguments(p)
+            p.set_defaults(func=mod.main)
     return parser
 
 

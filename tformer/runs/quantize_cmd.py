@@ -1,0 +1,104 @@
+"""``python -m tformer quantize CHECKPOINT --out FILE [--scheme {w8,w8a8}]``: int8 post-training quantization.
+
+Reads a float checkpoint written by ``python -m tformer run tinygpt`` (or ``run transformer``),
+quantizes every Linear layer, the LM head and the embedding tables to int8 (``tformer.quantize``),
+and writes an inference-only checkpoint that ``load_checkpoint`` and ``python -m tformer generate
+--checkpoint FILE`` accept. It prints the file's size against the float32 files and, for TinyGPT,
+the validation bits/byte and the generation speed of the float32 and the quantized model.
+"""
+import io
+import os
+import time
+
+import numpy as np
+
+from ..checkpoint import load_checkpoint, read_checkpoint
+from ..data.text import TextData, bits_per_byte, encode, evaluate_loss
+from ..generate import sample
+from ..models.tinygpt import TinyGPT
+from ..models.transformer import Transformer
+from ..quantize import SCHEMES, quantize_model, save_quantized
+
+
+def add_arguments(p):
+    """The quantize command's flags."""
+    p.add_argument("checkpoint", help="a float32 checkpoint (python -m tformer run tinygpt / transformer)")
+    p.add_argument("--out", required=True, help="where to write the quantized checkpoint")
+    p.add_argument("--scheme", choices=SCHEMES, default="w8",
+                   help="w8: int8 weights; w8a8: int8 weights and per-token int8 activations")
+    p.add_argument("--eval-windows", type=int, default=None,
+                   help="TinyGPT: validation windows to score (default: as many as the run used)")
+    p.add_argument("--gen-tokens", type=int, default=64, help="TinyGPT: bytes generated to time generation")
+
+
+def model_from_config(config):
+    """Rebuild an untrained model from a checkpoint's config: Transformer (it has ``pad_idx``) or TinyGPT."""
+    if "pad_idx" in config:
+        return Transformer(**config)
+    return TinyGPT(**config)
+
+
+def load_float(path):
+    """``(model, meta)``: the float model stored in ``path`` (ValueError if it is already quantized)."""
+    meta = read_checkpoint(path)[0]
+    if "quantized" in meta:
+        raise ValueError(f"checkpoint: {path!r} is already quantized ({meta['quantized']['scheme']})")
+    model = model_from_config(meta["config"])
+    return model, load_checkpoint(path, model)
+
+
+def float32_weights_bytes(model):
+    """Size of the model's float32 parameters alone in the checkpoint format (no optimizer state)."""
+    buf = io.BytesIO()
+    np.savez(buf, **{f"model/{k}": v.astype(np.float32) for k, v in model.state_dict().items()})
+    return buf.getbuffer().nbytes
+
+
+def tinygpt_val_data(meta, eval_windows=None):
+    """The validation windows the TinyGPT run scored (its ``data`` settings, saved in the checkpoint)."""
+    d = dict(text=None, block_size=meta["config"]["max_len"], batch_size=64, val_fraction=0.1, seed=0,
+             eval_windows=128)
+    d.update(meta.get("extra", {}).get("data", {}))
+    if d["text"]:
+        data = TextData.from_file(d["text"], d["block_size"], d["batch_size"], d["val_fraction"], d["seed"])
+    else:
+        data = TextData.from_stdlib(d["block_size"], d["batch_size"], d["val_fraction"], d["seed"])
+    return data.windows("val", eval_windows or d["eval_windows"])
+
+
+def val_bpb(model, windows):
+    """Validation bits/byte of ``model`` on ``windows = (x, y)``."""
+    return bits_per_byte(evaluate_loss(model, *windows))
+
+
+def tokens_per_second(model, n_tokens, prompt="def ", seed=0):
+    """Bytes per second of ``sample`` (KV cache on), one sequence, ``n_tokens`` new bytes."""
+    t = time.perf_counter()
+    sample(model, encode(prompt)[None, :], n_tokens, temperature=0.8, seed=seed)
+    return n_tokens / (time.perf_counter() - t)
+
+
+def main(args):
+    model, meta = load_float(args.checkpoint)
+    f32_bytes = float32_weights_bytes(model)
+    ckpt_bytes = os.path.getsize(args.checkpoint)
+    is_gpt = isinstance(model, TinyGPT)
+    if is_gpt:
+        windows = tinygpt_val_data(meta, args.eval_windows)
+        bpb_f = val_bpb(model, windows)
+        tps_f = tokens_per_second(model, args.gen_tokens)
+    qmodel = quantize_model(load_float(args.checkpoint)[0], args.scheme)
+    save_quantized(args.out, qmodel, meta.get("step", 0), extra={
+        "source": os.path.basename(args.checkpoint), "float32_weights_bytes": f32_bytes})
+    q_bytes = os.path.getsize(args.out)
+    print(f"{args.scheme}: {args.out} is {q_bytes:,} bytes: {100 * q_bytes / f32_bytes:.1f}% of the "
+          f"float32 weights ({f32_bytes:,} bytes), {100 * q_bytes / ckpt_bytes:.1f}% of the training "
+          f"checkpoint {args.checkpoint} ({ckpt_bytes:,} bytes, optimizer state included)")
+    if is_gpt:
+        bpb_q = val_bpb(qmodel, windows)
+        tps_q = tokens_per_second(qmodel, args.gen_tokens)
+        print(f"validation: float32 {bpb_f:.4f} bits/byte, {args.scheme} {bpb_q:.4f} bits/byte "
+              f"({100 * (bpb_q / bpb_f - 1):+.2f}%) on {windows[0].shape[0]} windows")
+        print(f"generation: float32 {tps_f:.0f} bytes/s, {args.scheme} {tps_q:.0f} bytes/s "
+              f"({args.gen_tokens} bytes, KV cache)")
+    return 0
