@@ -1,4 +1,4 @@
-"""``python -m tformer run <system> [flags]``, ``generate``, ``quantize`` and ``fewer-bits``.
+"""``python -m tformer run <system> [flags]``, ``generate``, ``many-processes``, ``quantize``, ``fewer-bits``.
 
 Each run lives in ``tformer/runs/<module>.py`` with ``add_arguments(parser)`` and ``main(args)``.
 """

@@ -21,7 +21,7 @@ gradient overflows to inf/NaN, double it after ``growth_interval`` clean steps i
 has float32's exponent range and needs no scaling.
 
 One training step, in the order ``tformer.train`` runs it: forward/backward of every micro-batch
-with the loss gradient multiplied by S (``scale_grad``) → (all-reduce of the gradients, with
+with the loss gradient multiplied by S (``backward``) → (all-reduce of the gradients, with
 several processes) → ``unscale_``: divide by S, check for inf/NaN, skip the step on overflow →
 global norm and clipping → optimizer step → ``refresh``.
 """
@@ -216,6 +216,15 @@ class MixedPrecision:
         g = np.multiply(dout, self.loss_scale, dtype=np.float32)
         return g.astype(self.dtype)
 
+    def backward(self, model, dout):
+        """``model.backward(scale_grad(dout))``. With a scaler, overflow to inf/NaN is expected now
+        and then (``unscale_`` finds it and the step is skipped), so NumPy's overflow warnings are
+        silenced for this pass."""
+        if self.scaler is None:
+            return model.backward(self.scale_grad(dout))
+        with np.errstate(over="ignore", invalid="ignore"):
+            return model.backward(self.scale_grad(dout))
+
     def _grads(self):
         """The float32 gradient arrays (the flat buffer when there is one)."""
         flat = self.model.flat_buffers()
@@ -239,7 +248,8 @@ class MixedPrecision:
         if self.scaler is None:
             return True
         grads = self._grads()
-        finite = all(np.isfinite(g).all() for g in grads)
+        with np.errstate(invalid="ignore"):
+            finite = all(np.isfinite(g).all() for g in grads)
         if finite:
             inv = 1.0 / self.scaler.scale
             for g in grads:

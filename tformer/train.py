@@ -85,7 +85,10 @@ def train(model, optimizer, batch, forward_loss, steps, *, start_step=0, accum_s
                     break
                 continue                           # the other ranks wait for this one's gradient
             dout = dout / accum_steps if accum_steps > 1 else dout
-            model.backward(precision.scale_grad(dout) if precision is not None else dout)
+            if precision is not None:
+                precision.backward(model, dout)          # from S · dout, in the low precision
+            else:
+                model.backward(dout)
         if data_parallel is not None:              # g ← (1/p) Σ_r g_r, and the mean loss
             loss = data_parallel.reduce_gradients(model, loss)
         if not math.isfinite(loss):

@@ -92,7 +92,10 @@ def _step(model, precision, opt, batch, clip):
     x, y = batch
     model.zero_grad()
     loss, dout = F.cross_entropy(model.forward(x), y)
-    model.backward(precision.scale_grad(dout) if precision is not None else dout)
+    if precision is not None:
+        precision.backward(model, dout)
+    else:
+        model.backward(dout)
     if precision is None or precision.unscale_():
         clip_grad_norm(model, clip)
         opt.step()
