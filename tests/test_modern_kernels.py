@@ -192,7 +192,7 @@ def test_swiglu_rejects_bad_input():
         F.swiglu_forward(randn(2, 3), randn(3, 2))
     with pytest.raises(TypeError, match="dtype mismatch"):
         F.swiglu_forward(randn(2, 3), randn(2, 3).astype(np.float32))
-    with pytest.raises(TypeError, match="a: expected dtype float32 or float64"):
+    with pytest.raises(TypeError, match="a: expected dtype float32, float64, float16 or bfloat16"):
         F.swiglu_forward(np.ones((2, 3), int), randn(2, 3))
     _, cache = F.swiglu_forward(randn(2, 3), randn(2, 3))
     with pytest.raises(ValueError, match=r"dy: expected shape \(2, 3\)"):
