@@ -209,6 +209,20 @@ def test_a_low_precision_step_equals_the_float32_step(precision):
     assert _rel(upd_low, upd_ref) < tol, _rel(upd_low, upd_ref)
 
 
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_the_modern_block_trains_in_low_precision(precision):
+    """RMSNorm, RoPE, SwiGLU, grouped-query attention and tied embeddings: the same one-step check."""
+    kw = dict(seed=4, norm="rmsnorm", positions="rope", mlp="swiglu", n_kv_heads=1, tie_embeddings=True)
+    ref, low = tiny(**kw), tiny(**kw)
+    mp = MixedPrecision(low, precision)
+    assert low.lm_head.W is low.wte.W and low.wte.W.dtype == mp.dtype      # one tied copy
+    before = ref.state_dict()
+    train(ref, SGD(ref, lr=0.1), batch, forward_loss, 1, progress_bar=False)
+    train(low, SGD(low, lr=0.1), batch, forward_loss, 1, precision=mp, progress_bar=False)
+    upd = [np.concatenate([(m.state_dict()[k] - before[k]).ravel() for k in before]) for m in (ref, low)]
+    assert _rel(upd[1], upd[0]) < {"fp16": 1e-2, "bf16": 6e-2}[precision]
+
+
 def test_small_gradients_underflow_in_float16_without_scaling_and_survive_with_it():
     """A constructed case: L = ½‖X W − T‖² · 10⁻⁹ puts every entry of dY near 10⁻⁹, below
     float16's smallest subnormal 2⁻²⁴ ≈ 6·10⁻⁸. Unscaled, dY and therefore dW are exactly 0 in

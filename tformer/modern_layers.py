@@ -102,13 +102,13 @@ class TiedLinear(Module):
             raise TypeError(f"embedding: expected an Embedding, got {type(embedding).__name__}")
         E = embedding.params["W"]
         self.params["W"], self.grads["W"] = E, embedding.grads["W"]       # the same arrays, shared
+        self.W = E          # what forward reads: flatten_parameters and MixedPrecision rebind it
         self.b = self.add_param("b", np.zeros(E.shape[0], E.dtype)) if bias else None
         self._cache = None
 
     def forward(self, x):
         """x: (..., C) -> (..., V)."""
-        # params["W"] is read at every call: flatten_parameters replaces it (for both owners).
-        y, self._cache = F.linear_forward(x, self.params["W"].T, self.b)   # X Eᵀ: Eᵀ is a view
+        y, self._cache = F.linear_forward(x, self.W.T, self.b)             # X Eᵀ: Eᵀ is a view
         return y
 
     def backward(self, dy):

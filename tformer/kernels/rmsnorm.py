@@ -2,6 +2,7 @@
 import numpy as np
 
 from .. import parallel
+from .._dtypes import is_low
 from .._validate import float_array, same_dtype
 
 
@@ -12,7 +13,8 @@ def rmsnorm_forward(x, gamma, eps=1e-6):
     LayerNorm without the two things that make it shift-invariant: no mean is subtracted and no β
     is added. A zero row gives y = 0, finite because ε > 0. As in ``layernorm_forward``, the cache
     keeps only the per-row ``rstd`` (plus ``x``, which the caller holds anyway); the backward
-    recomputes x̂. Returns ``y, cache``.
+    recomputes x̂. float16/bfloat16: computed in float32 on upcast copies (as LayerNorm), y rounded
+    back, ``rstd`` kept in float32. Returns ``y, cache``.
     """
     float_array("x", x, min_ndim=1)
     C = x.shape[-1]
@@ -22,6 +24,9 @@ def rmsnorm_forward(x, gamma, eps=1e-6):
     same_dtype(x=x, gamma=gamma)
     if not eps > 0:
         raise ValueError(f"eps: expected a positive number, got {eps}")
+    if is_low(x.dtype):
+        y, (_, _, rstd) = rmsnorm_forward(x.astype(np.float32), gamma.astype(np.float32), eps)
+        return y.astype(x.dtype), (x, gamma, rstd)
     x2 = x.reshape(-1, C)                                # (N, C)
     N = x2.shape[0]
     y = np.empty_like(x2)
@@ -47,11 +52,15 @@ def rmsnorm_backward(dy, cache):
     In the forward pass every x̂_i depends on the whole row through rstd alone, so the Jacobian is
     ∂x̂_i/∂x_j = rstd (δ_ij − x̂_i x̂_j / C): LayerNorm's without its −1/C term, and dx is
     LayerNorm's dx without −mean(g) (chapter 25 derives both). dγ sums over every row.
-    Shapes: ``dy: (..., C)`` -> ``(dx: (..., C), dgamma: (C,))``.
+    Shapes: ``dy: (..., C)`` -> ``(dx: (..., C), dgamma: (C,))``. float16/bfloat16: in float32,
+    both gradients rounded back to the input's format.
     """
     x, gamma, rstd = cache
     if dy.shape != x.shape:
         raise ValueError(f"dy: expected shape {x.shape}, got {dy.shape}")
+    if is_low(x.dtype):
+        cache32 = (x.astype(np.float32), gamma.astype(np.float32), rstd)
+        return tuple(g.astype(x.dtype) for g in rmsnorm_backward(dy.astype(np.float32), cache32))
     C = x.shape[-1]
     x2, dy2 = x.reshape(-1, C), dy.reshape(-1, C)        # (N, C)
     rstd2 = rstd.reshape(-1, 1)                          # (N, 1)
