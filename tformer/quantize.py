@@ -4,10 +4,10 @@ Symmetric uniform quantization with step s maps a real number w to the integer q
 clipped to [−127, 127], and back to q·s. The rounding error is at most s/2 per entry.
 
 - **Weights**, per output channel: column j of ``W: (d_in, d_out)`` gets its own step
-  s_j = max_i |W_ij| / 127, so the largest entry of each column maps to ±127 exactly. An
+  s_j = max_i ``|W_ij|`` / 127, so the largest entry of each column maps to ±127 exactly. An
   embedding table ``(V, C)`` gets one step per row (per token).
 - **Activations** (w8a8 only), per token and dynamically: each row x_n of the layer's input gets
-  a_n = max_i |x_ni| / 127 when it arrives.
+  a_n = max_i ``|x_ni|`` / 127 when it arrives.
 - **The product.** With X ≈ a ⊙ X_q and W ≈ Q ⊙ s, Y = X W ≈ (X_q Q) ⊙ (a sᵀ) + b: an integer
   matrix product, then one float scale per output entry. Each X_q Q entry is a sum of K products
   of two integers in [−127, 127], which int8 hardware accumulates in int32, exactly. NumPy has no
@@ -48,11 +48,11 @@ def check_scheme(scheme):
 
 
 def quantize_tensor(w, axis):
-    """q = round(w / s), s = max|w| / 127 along ``axis`` (one step per slice of the other axis).
+    """q = round(w / s), s = ``max|w|`` / 127 along ``axis`` (one step per slice of the other axis).
 
     ``w: (n, m)`` float; ``axis=0`` gives one step per column (``s: (m,)``, Linear weights),
     ``axis=1`` one per row (``s: (n,)``, embedding tables). An all-zero slice gets s = 1 (its q
-    is 0 whatever s is). Computed in float64, so |w − q·s| ≤ s/2 holds to float64 rounding.
+    is 0 whatever s is). Computed in float64, so ``|w − q·s| ≤ s/2`` holds to float64 rounding.
     Returns ``(q: int8 like w, s: float32)``.
     """
     float_array("w", w, ndim=2)
@@ -71,7 +71,7 @@ def dequantize_tensor(q, s, axis):
 
 
 def quantize_rows(x):
-    """Per-row (per-token) dynamic quantization: a_n = max_i |x_ni| / 127, X_q = round(X / a).
+    """Per-row (per-token) dynamic quantization: a_n = max_i ``|x_ni|`` / 127, X_q = round(X / a).
 
     ``x: (N, K)`` float32 -> ``(xq: (N, K)`` integer values in [−127, 127], kept as float32 for the
     product, ``a: (N, 1)`` float32). An all-zero row gets a = 1.

@@ -83,7 +83,7 @@ def gelu_forward(x, approximate="tanh"):
     Shapes: ``x: (...)`` -> ``y: (...)``. The cache holds ``x`` and ``s``. Returns ``y, cache``.
     float16/bfloat16: the chain runs in float32 and y and s are rounded once, at the end (NumPy's
     float16 arithmetic converts every element in software, about ten times slower than float32;
-    and in float16, x (a' + b' x²) of the backward overflows from |x| ≈ 66).
+    and in float16, x (a' + b' x²) of the backward overflows from ``|x|`` ≈ 66).
     """
     float_array("x", x)
     if is_low(x.dtype):
