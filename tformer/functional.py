@@ -11,6 +11,7 @@ from .kernels.attention import (attention_backward, attention_forward, causal_ma
                                 create_padding_mask, merge_heads, padding_mask, split_heads)
 from .kernels.dropout import dropout_backward, dropout_forward
 from .kernels.embedding import embedding_backward, embedding_forward
+from .kernels.flash_attention import flash_attention_backward, flash_attention_forward
 from .kernels.layernorm import layernorm_backward, layernorm_forward
 from .kernels.linear import linear_backward, linear_forward
 from .kernels.losses import cross_entropy, mse_loss
@@ -26,6 +27,7 @@ __all__ = [
     "sigmoid_forward", "sigmoid_backward", "swish_forward", "swish_backward",
     "gelu_forward", "gelu_backward", "layernorm_forward", "layernorm_backward",
     "dropout_forward", "dropout_backward", "attention_forward", "attention_backward",
+    "flash_attention_forward", "flash_attention_backward",
     "causal_mask", "padding_mask", "create_padding_mask", "split_heads", "merge_heads",
     "mse_loss", "cross_entropy", "sinusoidal_positions",
     "rmsnorm_forward", "rmsnorm_backward", "rope_forward", "rope_backward", "rope_angles",

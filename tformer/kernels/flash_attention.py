@@ -1,0 +1,283 @@
+"""Attention that never stores the T_q × T_k matrix: the online softmax (FlashAttention's algorithm).
+
+The forward pass walks the keys in tiles and keeps, per query row, the running maximum m, the
+running sum ℓ = Σ exp(s − m) and the output accumulated so far, o = Σ exp(s − m) v. A new tile
+with scores s' (tile maximum m') is merged by rescaling what came before:
+
+    m_new = max(m, m'),   ℓ ← e^(m − m_new) ℓ + Σ e^(s' − m_new),   o ← e^(m − m_new) o + e^(s' − m_new) V'
+
+and after the last tile y = o / ℓ: exactly softmax(S) V (chapter 24 derives it with SymPy). Only
+y and the row log-sum-exp L = m + log ℓ are kept. The backward pass recomputes each tile's
+probabilities P = exp(S − L) from Q, K and L, and needs rowsum(dP ⊙ P) only as
+D = rowsum(dY ⊙ Y), which is the same number. Memory: O(T·D) per head instead of O(T²).
+
+The tile loops are the algorithm; inside a tile every product is one batched BLAS call over all
+the leading axes (batch and heads), so there is no Python loop over B or H. Grouped-query attention
+reuses ``_grouped`` and ``_matmul_sum`` of the plain kernel (kernels/attention.py).
+"""
+import math
+
+import numpy as np
+
+from .. import parallel
+from .._validate import float_array, same_dtype
+from .attention import _group_size, _grouped, _matmul_sum, _out, _split_axis
+
+# Query and key tile sizes, measured on the machine this was written on (AMD EPYC, 32 KiB L1d and
+# 1 MiB L2 per core) by ``python -m tformer online-softmax`` (book/data/online_softmax.json,
+# "tiles"): forward + backward of causal attention at B = 4, H = 4, D = 32, float32.
+BLOCK_Q = 128
+BLOCK_K = 128
+
+
+def flash_attention_forward(q, k, v, mask=None, scale=None, is_causal=False, out=None,
+                            block_q=None, block_k=None):
+    """Y = softmax(S) V,  S = scale · Q Kᵀ + M, by the online softmax over key tiles; S is never stored.
+
+    Shapes as ``attention_forward``: ``q: (..., T_q, D)``, ``k: (..., T_k, D)``,
+    ``v: (..., T_k, D_v)`` -> ``y: (..., T_q, D_v)``; grouped-query attention when the head axis
+    −3 of k and v is a divisor of q's. ``mask`` broadcasts to ``(..., T_q, T_k)`` (boolean,
+    True = may attend, or additive float); it is read tile by tile, never expanded.
+    ``is_causal=True``: query i sees keys j ≤ i + T_k − T_q (``causal_mask(T_q, T_k)``), and the
+    key tiles entirely above the diagonal are skipped; it may be combined with ``mask`` (e.g. a
+    padding mask), which is then applied as well. A query whose keys are all masked gets y = 0
+    (and zero gradients), never NaN. ``block_q``, ``block_k``: tile sizes (default ``BLOCK_Q``,
+    ``BLOCK_K``). ``out``: an array or view to write y into (it is kept, not copied, for the
+    backward pass: do not overwrite it before then).
+    Returns ``y, cache``; the cache holds q, k, v, y and ``L: (..., T_q)``, the log-sum-exp of each
+    row of S (+inf for a row with no visible key).
+    """
+    G, scale, blocked, additive = _check(q, k, v, mask, scale, is_causal)
+    bq, bk = _block("block_q", block_q, BLOCK_Q), _block("block_k", block_k, BLOCK_K)
+    y = _out("out", out, (*q.shape[:-1], v.shape[-1]), q.dtype)
+    m_all = np.empty(q.shape[:-1], q.dtype)                             # (..., T_q): row max m
+    ell_all = np.empty(q.shape[:-1], q.dtype)                           # (..., T_q): ℓ = Σ e^(s − m)
+    T_q, T_k = q.shape[-2], k.shape[-2]
+    q3, k3, v3, y3, m3, ell3, blocked, additive = _batched(q, k, v, y, m_all[..., None],
+                                                           ell_all[..., None], blocked, additive)
+    qg, kg, vg, yg, mg, ellg, blocked, additive = _grouped(G, q3, k3, v3, y3, m3, ell3, blocked, additive)
+    low = np.finfo(q.dtype).min        # the running max starts here, not at −inf: see _merge_tile
+
+    def seqs(lo, hi):
+        with np.errstate(invalid="ignore"):       # NaN or +inf scores: reported below, by name
+            tiles(lo, hi)
+
+    def tiles(lo, hi):
+        lead = (hi - lo, *qg.shape[1:-2])                               # (n, ..., ·, ·) of a tile
+        S_buf = np.empty((*lead, bq, bk), q.dtype)                      # one tile of scores
+        qs_buf = np.empty((*lead, bq, q.shape[-1]), q.dtype)
+        pv_buf = np.empty((*lead, bq, v.shape[-1]), q.dtype)
+        ones = np.ones((bk, 1), q.dtype)
+        for a, b in _ranges(T_q, bq):
+            nq = b - a
+            qs = np.multiply(qg[lo:hi, ..., a:b, :], scale, out=qs_buf[..., :nq, :])
+            o = yg[lo:hi, ..., a:b, :]                                  # o accumulates in y
+            m = np.full((*lead, nq, 1), low, q.dtype)                   # running max  (.., nq, 1)
+            ell = np.zeros((*lead, nq, 1), q.dtype)                     # running sum  (.., nq, 1)
+            for i, (c, d) in enumerate(_ranges(_key_end(a, b, T_q, T_k, is_causal), bk)):
+                S = _scores(qs, kg[lo:hi, ..., c:d, :], S_buf, a, b, c, d, lo, hi,
+                            blocked, additive, is_causal, T_k - T_q)
+                m = _merge_tile(S, m, ell, o, vg[lo:hi, ..., c:d, :], pv_buf, ones, first=i == 0)
+            if np.isnan(m).any() or np.isposinf(m).any():
+                raise ValueError("scores: contain NaN or +inf (from q, k or the mask); the softmax "
+                                 "of such a row is undefined")
+            empty = ell == 0                       # no visible key (or no key tile at all)
+            if empty.any():
+                o[np.broadcast_to(empty, o.shape)] = 0
+            np.divide(o, ell, out=o, where=~empty)                      # y = o / ℓ
+            mg[lo:hi, ..., a:b, :] = m
+            ellg[lo:hi, ..., a:b, :] = ell
+
+    parallel.parallel_for(seqs, *_split_axis(qg))
+    return y, (q, k, v, y, (m_all, ell_all), scale, (blocked, additive), is_causal, (bq, bk))
+
+
+def _merge_tile(S, m, ell, o, v, pv_buf, ones, first):
+    """Merge one key tile into the running (m, ℓ, o) of a query tile, in place; returns the new m.
+
+    ``S: (.., nq, nk)`` holds the tile's scores and is overwritten by exp(S − m_new).
+    The running max starts at the dtype's lowest finite number instead of −inf, so that
+    m − m_new and S − m_new never compute −inf − (−inf): a row whose keys so far are all masked
+    keeps ℓ = 0 and o = 0, and its scale factor e^(m − m_new) is 1 or 0, never NaN.
+    """
+    nk = S.shape[-1]
+    m_new = np.maximum(m, S.max(axis=-1, keepdims=True))                # (.., nq, 1)
+    S -= m_new
+    np.exp(S, out=S)                                                    # e^(s − m_new)
+    rowsum = np.matmul(S, ones[:nk])                                    # Σ_j e^(s_j − m_new), BLAS
+    pv = pv_buf[..., :S.shape[-2], :]
+    if first:                                                           # ℓ = 0, o = 0 before
+        ell += rowsum
+        np.matmul(S, v, out=o)
+        return m_new
+    alpha = np.exp(m - m_new)                                           # e^(m − m_new) ≤ 1
+    ell *= alpha
+    ell += rowsum                                                       # ℓ ← α ℓ + Σ e^(s − m_new)
+    o *= alpha
+    o += np.matmul(S, v, out=pv)                                        # o ← α o + e^(S − m_new) V
+    return m_new
+
+
+def _scores(qs, k, S_buf, a, b, c, d, lo, hi, blocked, additive, is_causal, offset):
+    """The scores S = (scale·Q_a) K_cᵀ of query tile [a, b) and key tile [c, d), masked.
+
+    Written into ``S_buf``; returns the view ``(.., b − a, d − c)``. Masked entries are −inf: the
+    user's mask (its tile, a view of the broadcast mask) and, for ``is_causal``, the keys
+    j > i + offset of a tile that crosses the diagonal."""
+    S = S_buf[..., :b - a, :d - c]
+    np.matmul(qs, k.swapaxes(-1, -2), out=S)
+    if additive is not None:
+        S += additive[lo:hi, ..., a:b, c:d]
+    if blocked is not None:
+        np.copyto(S, -np.inf, where=blocked[lo:hi, ..., a:b, c:d])
+    if is_causal and d - 1 > a + offset:                                # some key after some query
+        np.copyto(S, -np.inf, where=_above(a, b, c, d, offset))
+    return S
+
+
+def _above(a, b, c, d, offset):
+    """(b − a, d − c) boolean: key j = c … d−1 comes after what query i = a … b−1 may see (j > i + offset)."""
+    return np.arange(c, d)[None, :] > np.arange(a + offset, b + offset)[:, None]
+
+
+def flash_attention_backward(dy, cache, out=None):
+    """dV = Pᵀ dY,  dS = P ⊙ (dY Vᵀ − D),  dQ = scale · dS K,  dK = scale · dSᵀ Q,  tile by tile.
+
+    In the forward pass P = exp(S − L) = exp(S − m) / ℓ row by row, so each tile of P is
+    recomputed from Q, K and the stored m and ℓ (one more Q Kᵀ product and exponential per tile:
+    the price of not storing P). The softmax VJP needs rowsum(dP ⊙ P) for each row; since
+    dP = dY Vᵀ and Y = P V, rowsum(dP ⊙ P) = Σ_j P_ij (dY_i · V_j) = dY_i · Y_i, so
+    D = rowsum(dY ⊙ Y) is computed once, O(T·D_v), before the loop. The division by ℓ is moved
+    onto the small operands: with E = exp(S − m), dV = Eᵀ (dY/ℓ) and dS = E ⊙ ((dY/ℓ) Vᵀ − D/ℓ),
+    so a tile of T_q × T_k numbers is touched by the subtraction and the exponential only.
+    dQ sums over key tiles, dK and dV over query tiles. Grouped-query attention: dK and dV of a
+    key/value head sum its G query heads (``_matmul_sum``).
+    Shapes: ``dy: (..., T_q, D_v)`` -> ``(dq, dk, dv)`` shaped like ``q, k, v``.
+    ``out=(dq, dk, dv)``: arrays or views to write into, as ``attention_backward``.
+    """
+    q, k, v, y, (m_all, ell_all), scale, (blocked, additive), is_causal, (bq, bk) = cache
+    float_array("dy", dy, min_ndim=2)
+    if dy.shape != y.shape:
+        raise ValueError(f"dy: expected shape {y.shape}, got {dy.shape}")
+    if out is not None and len(out) != 3:
+        raise ValueError(f"out: expected three arrays (dq, dk, dv), got {len(out)}")
+    dq, dk, dv = (_out(f"out[{i}] (d{n})", None if out is None else out[i], like.shape, like.dtype)
+                  for i, (n, like) in enumerate(zip("qkv", (q, k, v))))
+    G = _group_size(q, k, v)
+    T_q, T_k = q.shape[-2], k.shape[-2]
+    Dlt = np.vecdot(dy, y)[..., None]                                   # D = rowsum(dY ⊙ Y)  (.., T_q, 1)
+    inv = np.divide(1, ell_all, out=np.zeros_like(ell_all), where=ell_all > 0)[..., None]   # 1/ℓ, 0 if no key
+    Dlt *= inv                                                          # D/ℓ
+    arrays = _batched(q, k, v, dy, m_all[..., None], inv, Dlt, dq, dk, dv)
+    q3, k3, v3, dy3, m3, inv3, D3, dq3, dk3, dv3 = arrays
+    qg, kg, vg, dyg, mg, invg, Dg, dqg = _grouped(G, q3, k3, v3, dy3, m3, inv3, D3, dq3)
+    dk3[...] = 0                                                        # sums over query tiles
+    dv3[...] = 0
+
+    def seqs(lo, hi):
+        lead = (hi - lo, *qg.shape[1:-2])
+        E_buf = np.empty((*lead, bq, bk), q.dtype)                      # E = exp(S − m) of one tile
+        dP_buf = np.empty((*lead, bq, bk), q.dtype)                     # dP/ℓ, then dS/scale
+        qs_buf = np.empty((*lead, bq, q.shape[-1]), q.dtype)
+        dys_buf = np.empty((*lead, bq, v.shape[-1]), q.dtype)
+        dq_buf = np.empty((*lead, bq, q.shape[-1]), q.dtype)
+        kv_lead = (hi - lo, *dk3.shape[1:-2])                           # (n, ..., H_kv)
+        dk_buf = np.empty((*kv_lead, bk, k.shape[-1]), q.dtype)
+        dv_buf = np.empty((*kv_lead, bk, v.shape[-1]), q.dtype)
+        for a, b in _ranges(T_q, bq):
+            nq = b - a
+            qs = np.multiply(qg[lo:hi, ..., a:b, :], scale, out=qs_buf[..., :nq, :])
+            dys = np.multiply(dyg[lo:hi, ..., a:b, :], invg[lo:hi, ..., a:b, :],
+                              out=dys_buf[..., :nq, :])                 # dY/ℓ
+            mt, Dt = mg[lo:hi, ..., a:b, :], Dg[lo:hi, ..., a:b, :]
+            dqt = dqg[lo:hi, ..., a:b, :]
+            end = _key_end(a, b, T_q, T_k, is_causal)
+            for i, (c, d) in enumerate(_ranges(end, bk)):
+                nk = d - c
+                kt, vt = kg[lo:hi, ..., c:d, :], vg[lo:hi, ..., c:d, :]
+                E = _scores(qs, kt, E_buf, a, b, c, d, lo, hi, blocked, additive, is_causal, T_k - T_q)
+                E -= mt
+                np.exp(E, out=E)                                        # E = exp(S − m) = ℓ P
+                dvt = _matmul_sum(E.swapaxes(-1, -2), dys, dv_buf[..., :nk, :], G)
+                dv3[lo:hi, ..., c:d, :] += dvt                          # dV_c += Pᵀ dY_a
+                dS = np.matmul(dys, vt.swapaxes(-1, -2), out=dP_buf[..., :nq, :nk])   # dP/ℓ
+                dS -= Dt
+                dS *= E                                                 # dS/scale = P ⊙ (dP − D)
+                if i == 0:
+                    np.matmul(dS, kt, out=dqt)
+                else:
+                    dqt += np.matmul(dS, kt, out=dq_buf[..., :nq, :])   # dQ_a/scale += dS K_c
+                dkt = _matmul_sum(dS.swapaxes(-1, -2), qs, dk_buf[..., :nk, :], G)
+                dk3[lo:hi, ..., c:d, :] += dkt                          # dK_c += dSᵀ (scale·Q_a)
+            if end == 0:
+                dqt[...] = 0                                            # no key: no gradient
+            dqt *= scale                                                # dQ = scale · dS K
+
+    parallel.parallel_for(seqs, *_split_axis(qg))
+    return dq, dk, dv
+
+
+def _check(q, k, v, mask, scale, is_causal):
+    """The inputs checked as ``attention_forward`` checks them; returns (G, scale, blocked, additive),
+    the mask split into a boolean "blocked" or an additive float array (each broadcast to the
+    scores' shape as a view, or None)."""
+    float_array("q", q, min_ndim=2)
+    float_array("k", k, min_ndim=2)
+    float_array("v", v, min_ndim=2)
+    same_dtype(q=q, k=k, v=v)
+    if not (q.ndim == k.ndim == v.ndim):
+        raise ValueError(f"q, k, v: expected the same rank, got {q.shape}, {k.shape}, {v.shape}")
+    G = _group_size(q, k, v)
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"k: expected key size D = {q.shape[-1]} (from q), got shape {k.shape}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"v: expected {k.shape[-2]} positions (from k), got shape {v.shape}")
+    if not isinstance(is_causal, (bool, np.bool_)):
+        raise TypeError(f"is_causal: expected True or False, got {is_causal!r}")
+    if is_causal and k.shape[-2] < q.shape[-2]:
+        raise ValueError(f"is_causal: needs T_k ≥ T_q (the queries are the last T_q positions), "
+                         f"got q {q.shape} and k {k.shape}")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    scores = (*q.shape[:-1], k.shape[-2])                               # (..., T_q, T_k)
+    if mask is None:
+        return G, scale, None, None
+    if not isinstance(mask, np.ndarray):
+        raise TypeError(f"mask: expected a boolean or float NumPy array, got {type(mask).__name__}")
+    try:
+        np.broadcast_shapes(mask.shape, scores)
+    except ValueError:
+        raise ValueError(f"mask: shape {mask.shape} does not broadcast to scores {scores}") from None
+    if mask.ndim > len(scores):
+        raise ValueError(f"mask: shape {mask.shape} has more axes than the scores {scores}")
+    if mask.dtype == bool:
+        return G, scale, np.broadcast_to(~mask, scores), None
+    if np.issubdtype(mask.dtype, np.floating):
+        return G, scale, None, np.broadcast_to(mask.astype(q.dtype, copy=False), scores)
+    raise TypeError(f"mask: expected dtype bool or float, got {mask.dtype}")
+
+
+def _batched(*arrays):
+    """A 2-D call ``(T, ·)`` gets a leading axis of one item, so that every tile is ``(n, ..., ·, ·)``
+    and the work splits along axis 0; other arrays pass through (None too)."""
+    if arrays[0].ndim >= 3:
+        return arrays
+    return tuple(None if a is None else a[None] for a in arrays)
+
+
+def _block(name, value, default):
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name}: expected a positive integer tile size, got {value!r}")
+    return int(value)
+
+
+def _ranges(n, size):
+    """``[(0, size), (size, 2·size), …]`` covering [0, n); the last range may be shorter."""
+    return [(a, min(a + size, n)) for a in range(0, n, size)]
+
+
+def _key_end(a, b, T_q, T_k, is_causal):
+    """The keys [0, end) that query tile [a, b) may see: all T_k, or with ``is_causal`` those up to
+    the tile's last query, b − 1 + (T_k − T_q). Key tiles beyond are never computed."""
+    return min(T_k, b + T_k - T_q) if is_causal else T_k
