@@ -11,12 +11,24 @@ Every variant the five sources use is this one class with different switches:
 The modern block (chapter 25) adds two switches: ``n_kv_heads`` (grouped-query attention: H query
 heads share H_kv key/value heads, so W_k, W_v and the KV cache shrink by H/H_kv) and ``rope``
 (rotary position embedding of q and k, at positions that continue after those in the KV cache).
+Chapter 24 adds ``attention="flash"``: the same attention computed by the online softmax
+(``F.flash_attention_forward``), which never stores the (B, H, T, T_k) probabilities.
 """
 import numpy as np
 
 from . import functional as F
 from ._validate import float_array
 from .layers import Linear, Module, _rng
+
+ATTENTION_KERNELS = ("plain", "flash")
+
+
+def check_attention(attention):
+    """``attention`` is one of ``ATTENTION_KERNELS``: ``"plain"`` (P stored, chapter 5) or ``"flash"``
+    (the online softmax, chapter 24); returns it."""
+    if not isinstance(attention, str) or attention not in ATTENTION_KERNELS:
+        raise ValueError(f"attention: expected one of {list(ATTENTION_KERNELS)}, got {attention!r}")
+    return attention
 
 
 class KVCache:
@@ -52,13 +64,17 @@ class MultiHeadAttention(Module):
     ``n_kv_heads`` (default H): grouped-query attention, query head h reads key/value head
     ⌊h H_kv / H⌋; W_k and W_v are ``(C, H_kv·D)`` (fused: ``W_qkv: (C, C + 2 H_kv D)``).
     ``rope=True``: q and k are rotated by ``F.rope_forward`` (``rope_base``) before the scores.
-    After a forward pass, ``self.att`` holds the attention probabilities ``(B, H, T, T_k)``.
+    ``attention``: the kernel, ``"plain"`` (``F.attention_forward``; after a forward pass
+    ``self.att`` holds the probabilities ``(B, H, T, T_k)``) or ``"flash"``
+    (``F.flash_attention_forward``: the same result, computed tile by tile without storing the
+    probabilities; ``self.att`` is None).
     """
 
     def __init__(self, d_model, n_heads=1, bias=True, fused_qkv=False, causal=False, scale=None,
                  rng=None, dtype=np.float32, init_std=None, seed=0, n_kv_heads=None, rope=False,
-                 rope_base=10000.0):
+                 rope_base=10000.0, attention="plain"):
         super().__init__()
+        self.attention = check_attention(attention)
         if n_heads < 1 or d_model % n_heads:
             raise ValueError(f"n_heads: must divide d_model = {d_model}, got {n_heads}")
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
@@ -109,13 +125,20 @@ class MultiHeadAttention(Module):
         if kv_cache is not None:
             k, v = kv_cache.append(k, v)                                  # (B, H_kv, T_k, D)
         merged, y = self._heads_buffer(x.shape, x.dtype)                  # (B, T, C), (B, H, T, D) view
-        if self.causal and mask is None and kv_cache is None:
+        if self.attention == "flash":
+            # The online softmax: the causal mask (queries after the cached positions) and any
+            # extra mask are applied tile by tile; no (B, H, T, T_k) array is made.
+            _, att_cache = F.flash_attention_forward(q, k, v, mask, self.scale, is_causal=self.causal,
+                                                     out=y)
+            self.att = None
+        elif self.causal and mask is None and kv_cache is None:
             # Training and scoring: the kernel's causal path skips the masked tiles.
             _, att_cache = F.attention_forward(q, k, v, None, self.scale, is_causal=True, out=y)
+            self.att = att_cache[3]
         else:
             full = self._mask(q.shape[2], k.shape[2], mask)
             _, att_cache = F.attention_forward(q, k, v, full, self.scale, out=y)
-        self.att = att_cache[3]
+            self.att = att_cache[3]
         self._cache = None if kv_cache is not None else att_cache
         return self.o(merged)                                             # (B, T, C)
 
@@ -154,17 +177,23 @@ class MultiHeadAttention(Module):
             views = (dqkv[..., :C].reshape(B, T, H, D).transpose(0, 2, 1, 3),             # (B, H, T, D)
                      dqkv[..., C:C + H_kv * D].reshape(B, T, H_kv, D).transpose(0, 2, 1, 3),
                      dqkv[..., C + H_kv * D:].reshape(B, T, H_kv, D).transpose(0, 2, 1, 3))
-            F.attention_backward(dheads, self._cache, out=views)
+            self._kernel_backward(dheads, self._cache, out=views)
             self._rope_backward(views[0], views[1])
             return self.qkv.backward(dqkv)
         (dq, dq_h), (dk, dk_h), (dv, dv_h) = (self._heads_buffer((B, T, n * D), dmerged.dtype, n)
                                               for n in (H, H_kv, H_kv))
-        F.attention_backward(dheads, self._cache, out=(dq_h, dk_h, dv_h))  # into (B, T, ·) buffers
+        self._kernel_backward(dheads, self._cache, out=(dq_h, dk_h, dv_h))  # into (B, T, ·) buffers
         self._rope_backward(dq_h, dk_h)
         dx = self.q.backward(dq)
         dx += self.k.backward(dk)
         dx += self.v.backward(dv)
         return dx
+
+    def _kernel_backward(self, dheads, cache, out):
+        """The backward pass of the kernel the forward pass used."""
+        if self.attention == "flash":
+            return F.flash_attention_backward(dheads, cache, out=out)
+        return F.attention_backward(dheads, cache, out=out)
 
     def _rope_backward(self, dq, dk):
         """With RoPE, turn the gradients of the rotated q and k back (in place): dq ← Rᵀ dq."""

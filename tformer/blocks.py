@@ -34,13 +34,16 @@ class ResidualBlock(Module):
 
 
 class PostNormBlock(Module):
-    """Z = LN(X + Drop(MHA(X))),  O = LN(Z + Drop(FFN(Z)))  (seeds 002 and 003)."""
+    """Z = LN(X + Drop(MHA(X))),  O = LN(Z + Drop(FFN(Z)))  (seeds 002 and 003).
+
+    ``attention="flash"``: the online-softmax kernel (chapter 24) instead of the plain one."""
 
     def __init__(self, d_model, n_heads, d_ff, dropout=0.0, activation="relu", bias=True,
-                 causal=False, rng=None, dtype=np.float32, eps=1e-5, seed=0):
+                 causal=False, rng=None, dtype=np.float32, eps=1e-5, seed=0, attention="plain"):
         super().__init__()
         rng = _rng(rng, seed)
-        self.attn = MultiHeadAttention(d_model, n_heads, bias=bias, causal=causal, rng=rng, dtype=dtype)
+        self.attn = MultiHeadAttention(d_model, n_heads, bias=bias, causal=causal, rng=rng, dtype=dtype,
+                                       attention=attention)
         self.drop1 = Dropout(dropout, rng)
         self.ln1 = LayerNorm(d_model, eps, dtype)
         self.ffn = FeedForward(d_model, d_ff, activation, bias, rng=rng, dtype=dtype)
@@ -64,17 +67,18 @@ class PreNormBlock(Module):
     The modern block's switches (chapter 25): ``norm="rmsnorm"`` for both norms,
     ``activation="swiglu"`` for a SwiGLU network of width ``d_ff`` (``SwiGLUFeedForward``),
     ``n_kv_heads`` for grouped-query attention and ``rope=True`` for rotary positions.
+    ``attention="flash"``: the online-softmax kernel (chapter 24) instead of the plain one.
     """
 
     def __init__(self, d_model, n_heads=1, d_ff=None, activation="gelu", bias=True, causal=True,
                  fused_qkv=True, dropout=0.0, rng=None, dtype=np.float32, init_std=0.02, eps=1e-5, seed=0,
-                 norm="layernorm", n_kv_heads=None, rope=False):
+                 norm="layernorm", n_kv_heads=None, rope=False, attention="plain"):
         super().__init__()
         rng = _rng(rng, seed)
         self.ln1 = norm_layer(norm, d_model, eps, dtype)
         self.attn = MultiHeadAttention(d_model, n_heads, bias=bias, fused_qkv=fused_qkv, causal=causal,
                                        rng=rng, dtype=dtype, init_std=init_std, n_kv_heads=n_kv_heads,
-                                       rope=rope)
+                                       rope=rope, attention=attention)
         self.drop1 = Dropout(dropout, rng)
         self.ln2 = norm_layer(norm, d_model, eps, dtype)
         if activation == "swiglu":

@@ -18,6 +18,7 @@ import numpy as np
 
 from .. import functional as F
 from .._validate import int_array
+from ..attention import check_attention
 from ..blocks import PostNormBlock
 from ..layers import Dropout, Embedding, LayerNorm, Linear, Module, ModuleList, SinusoidalPositions
 
@@ -39,12 +40,16 @@ class Transformer(Module):
     Keyword arguments follow the guide: ``Transformer(vocab_size=10000, d_model=512, n_heads=8,
     n_layers=6, d_ff=2048, max_len=5000, dropout=0.1)``. ``pad_idx`` is the padding token (its
     keys are masked out; ``None`` for no padding mask). Children: ``embed``, ``pos``, ``drop``,
-    ``blocks`` (``PostNormBlock(causal=True)``), ``ln_f``, ``proj``.
+    ``blocks`` (``PostNormBlock(causal=True)``), ``ln_f``, ``proj``. ``attention="flash"``: every
+    block computes its attention by the online softmax (chapter 24), the padding mask read tile by
+    tile instead of combined with the causal mask into a (B, 1, T, T) array.
     """
 
     def __init__(self, vocab_size, d_model=512, n_heads=8, n_layers=6, d_ff=2048, max_len=5000,
-                 dropout=0.1, seed=0, dtype=np.float32, pad_idx=0, scale_embedding=True):
+                 dropout=0.1, seed=0, dtype=np.float32, pad_idx=0, scale_embedding=True,
+                 attention="plain"):
         super().__init__()
+        check_attention(attention)
         for name, value in (("vocab_size", vocab_size), ("d_model", d_model), ("n_heads", n_heads),
                             ("n_layers", n_layers), ("d_ff", d_ff), ("max_len", max_len)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
@@ -56,7 +61,7 @@ class Transformer(Module):
         self.config = dict(vocab_size=int(vocab_size), d_model=int(d_model), n_heads=int(n_heads),
                            n_layers=int(n_layers), d_ff=int(d_ff), max_len=int(max_len),
                            dropout=float(dropout), seed=int(seed), dtype=np.dtype(dtype).name,
-                           pad_idx=pad_idx, scale_embedding=bool(scale_embedding))
+                           pad_idx=pad_idx, scale_embedding=bool(scale_embedding), attention=attention)
         self.rng = np.random.default_rng(seed)
         C = d_model
         self.emb_scale = float(np.sqrt(C)) if scale_embedding else 1.0
@@ -64,7 +69,8 @@ class Transformer(Module):
         self.pos = SinusoidalPositions(max_len, C, dtype)
         self.drop = Dropout(dropout, self.rng)
         self.blocks = ModuleList(PostNormBlock(C, n_heads, d_ff, dropout=dropout, activation="relu",
-                                               bias=True, causal=True, rng=self.rng, dtype=dtype)
+                                               bias=True, causal=True, rng=self.rng, dtype=dtype,
+                                               attention=attention)
                                  for _ in range(n_layers))
         self.ln_f = LayerNorm(C, dtype=dtype)
         self.proj = Linear(C, vocab_size, True, self.rng, dtype)

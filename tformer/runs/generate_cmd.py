@@ -39,6 +39,7 @@ def load_tinygpt(path):
         raise ValueError(f"checkpoint {path!r}: its config lacks {missing}; was it saved from a TinyGPT?")
     modern = {k: config.get(k, default) for k, default in _MODERN_DEFAULTS.items()}
     modern["n_kv_heads"] = config.get("n_kv_heads", config["n_heads"])
+    modern["attention"] = config.get("attention", "plain")            # chapter 24's kernel choice
     model = TinyGPT(**{k: config[k] for k in _MODEL_KEYS}, **modern)
     # The model is built from the stored config; an older one is compared on the keys it has.
     older = any(k not in config for k in modern)

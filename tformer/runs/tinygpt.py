@@ -58,6 +58,9 @@ def add_arguments(p):
     g.add_argument("--n-kv-heads", type=int, default=None,
                    help="key/value heads of grouped-query attention (default: --n-heads)")
     g.add_argument("--tie-embeddings", action="store_true", help="LM head weight = W_teᵀ")
+    g.add_argument("--attention", choices=["plain", "flash"], default="plain",
+                   help="attention kernel: plain (stores the T×T probabilities) or flash (the "
+                        "online softmax of chapter 24: O(T) memory per head, for long --max-len)")
     g = p.add_argument_group("training")
     g.add_argument("--steps", type=int, default=500, help="optimizer steps")
     g.add_argument("--batch-size", type=int, default=64, help="windows per step (B)")
@@ -138,7 +141,7 @@ def main(args):
     model = TinyGPT(d_model=args.d_model, n_heads=args.n_heads, n_layers=args.n_layers,
                     max_len=args.max_len, seed=args.seed, d_ff=args.d_ff, norm=args.norm,
                     positions=args.positions, mlp=args.mlp, n_kv_heads=args.n_kv_heads,
-                    tie_embeddings=args.tie_embeddings)
+                    tie_embeddings=args.tie_embeddings, attention=args.attention)
     precision = precision_policy(model, args.precision, args.init_scale)
     dp = DataParallel(model, world, zero=args.zero) if world.size > 1 or args.zero else None
 
@@ -155,6 +158,8 @@ def main(args):
           f"{args.steps} steps, {args.precision}")
     print(f"block: {cfg['norm']}, {cfg['positions']} positions, {cfg['mlp']} MLP (d_ff={cfg['d_ff']}), "
           f"{cfg['n_kv_heads']} key/value heads, {'tied' if cfg['tie_embeddings'] else 'untied'} embeddings")
+    if cfg["attention"] == "flash":
+        print("attention: the online softmax (flash), no T×T probabilities stored")
 
     warmup = max(0, min(args.warmup, args.steps - 1))       # short smoke runs: shorter warm-up
 
