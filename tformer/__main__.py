@@ -62,7 +62,9 @@ def build_parser():
     for name, module, help_text in (
             ("quantize", "quantize_cmd", "int8 post-training quantization of a saved checkpoint"),
             ("fewer-bits", "fewer_bits", "the precision and quantization measurements of the "
-                                         "chapter Fewer bits (writes a JSON file)")):
+                                         "chapter Fewer bits (writes a JSON file)"),
+            ("online-softmax", "online_softmax", "plain against online-softmax attention: tile "
+                                                 "sizes, peak memory and time (writes a JSON file)")):
         mod = _load(module)
         if mod is not None:
             p = sub.add_parser(name, help=help_text, description=help_text,

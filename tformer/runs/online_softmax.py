@@ -1,0 +1,212 @@
+"""``python -m tformer online-softmax``: the measurements of chapter 24 (JSON).
+
+One layer's causal attention, the kernel pair on ``q, k, v: (B, H, T, D)`` with B = 4, H = 4,
+D = C / H = 32 (TinyGPT's C = 128), float32, forward then backward with a fixed upstream gradient:
+
+- ``tiles``: seconds of the online-softmax kernel for each pair of tile sizes (query tile × key
+  tile) at one T, all in one process and interleaved (round r times every pair once), the median
+  over the rounds; the smallest gives the kernel's ``BLOCK_Q`` and ``BLOCK_K``.
+- ``sweep``: for each T and each kernel (``plain``: ``attention_forward(is_causal=True)``, which
+  stores P; ``flash``: ``flash_attention_forward``), in a fresh Python process: the tracemalloc
+  peak of the first forward + backward (counted from just before it; q, k, v and dY are allocated
+  earlier and not counted), then the seconds of ``--reps`` more. The plain kernel is skipped, with
+  the reason, where its two (B, H, T, T) arrays would not fit in the memory available.
+
+``--parts`` chooses what to run; the parts not run are kept from an existing ``--out`` file. Each
+part records the command, the git commit and its configuration.
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+from .many_processes import git_commit
+
+DEFAULT_OUT = "book/data/online_softmax.json"
+SHAPE = dict(B=4, H=4, D=32)
+TILE_SIZES = (32, 64, 128, 256, 512)
+
+
+def add_arguments(p):
+    p.add_argument("--out", default=DEFAULT_OUT, help="the JSON file to write (parts not run are kept)")
+    p.add_argument("--parts", nargs="+", choices=["tiles", "sweep"], default=["tiles", "sweep"])
+    p.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096, 8192, 16384],
+                   help="sequence lengths T of the sweep")
+    p.add_argument("--reps", type=int, default=3, help="timed forward + backward passes per measurement")
+    p.add_argument("--tile-T", type=int, default=2048, help="T of the tile-size sweep")
+    p.add_argument("--tile-sizes", type=int, nargs="+", default=list(TILE_SIZES),
+                   help="query and key tile sizes tried (every pair)")
+    p.add_argument("--tile-rounds", type=int, default=5, help="interleaved rounds of the tile sweep")
+
+
+def inputs(T, B, H, D, seed=0):
+    """q, k, v, dY: (B, H, T, D) float32, seeded."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    return tuple(rng.standard_normal((B, H, T, D), dtype=np.float32) for _ in range(4))
+
+
+def step_fn(kernel, q, k, v, dy, block_q=None, block_k=None):
+    """One forward + backward pass of causal attention with ``kernel`` ("plain" or "flash")."""
+    from .. import functional as F
+
+    def step():
+        if kernel == "plain":
+            _, cache = F.attention_forward(q, k, v, is_causal=True)
+            F.attention_backward(dy, cache)
+        else:
+            _, cache = F.flash_attention_forward(q, k, v, is_causal=True, block_q=block_q, block_k=block_k)
+            F.flash_attention_backward(dy, cache)
+    return step
+
+
+def probe(kernel, T, B, H, D, reps, block_q=None, block_k=None):
+    """In this (fresh) process: ``{"peak_bytes", "seconds"}``, the tracemalloc peak of the first
+    forward + backward and the seconds of ``reps`` more."""
+    import tracemalloc
+
+    import numpy as np
+    q, k, v, dy = inputs(T, B, H, D)
+    np.ones((64, 64), np.float32) @ np.ones((64, 64), np.float32)   # BLAS's own buffers, before
+    step = step_fn(kernel, q, k, v, dy, block_q, block_k)
+    tracemalloc.start()
+    step()
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    seconds = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        step()
+        seconds.append(time.perf_counter() - t)
+    return {"peak_bytes": int(peak), "seconds": seconds}
+
+
+def measure(kernel, T, B=4, H=4, D=32, reps=3, block_q=None, block_k=None):
+    """``probe`` in a fresh Python process (one BLAS thread, one tformer thread)."""
+    cfg = dict(kernel=kernel, T=T, B=B, H=H, D=D, reps=reps, block_q=block_q, block_k=block_k)
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+               TFORMER_NUM_THREADS="1")
+    code = ("import json, sys; from tformer.runs.online_softmax import probe; "
+            "print(json.dumps(probe(**json.loads(sys.argv[1]))))")
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(cfg)], env=env, capture_output=True,
+                         text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"probe {cfg} failed:\n{out.stderr}")
+    return dict(cfg, **json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def plain_bytes(T, B, H):
+    """The two (B, H, T, T) float32 arrays the plain kernel holds at its peak: P and the backward's dS."""
+    return 2 * B * H * T * T * 4
+
+
+def mem_available():
+    """MemAvailable of /proc/meminfo in bytes (None where there is no such file)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def machine():
+    """CPU model and cache sizes, as Linux reports them for CPU 0."""
+    info = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            info["cpu"] = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    for idx in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+        try:
+            read = [open(os.path.join(base, idx, n)).read().strip() for n in ("level", "type", "size")]
+        except OSError:
+            continue
+        if read[1] != "Instruction":
+            info[f"L{read[0]}"] = read[2]
+    return info
+
+
+def tile_sweep(T, sizes, rounds, B, H, D):
+    """Median seconds of forward + backward for every (block_q, block_k), interleaved rounds."""
+    pairs = [(bq, bk) for bq in sizes for bk in sizes]
+    q, k, v, dy = inputs(T, B, H, D)
+    steps = {p: step_fn("flash", q, k, v, dy, *p) for p in pairs}
+    for step in steps.values():
+        step()                                                   # warm up every pair once
+    times = {p: [] for p in pairs}
+    for _ in range(rounds):
+        for p in pairs:
+            t = time.perf_counter()
+            steps[p]()
+            times[p].append(time.perf_counter() - t)
+    import numpy as np
+    rows = [{"block_q": bq, "block_k": bk, "seconds": times[(bq, bk)],
+             "median_seconds": float(np.median(times[(bq, bk)]))} for bq, bk in pairs]
+    best = min(rows, key=lambda r: r["median_seconds"])
+    return rows, [best["block_q"], best["block_k"]]
+
+
+def main(args):
+    for name in ("lengths", "tile_sizes"):
+        if min(getattr(args, name)) < 1:
+            raise SystemExit(f"--{name.replace('_', '-')}: expected positive integers, got {getattr(args, name)}")
+    if args.reps < 1 or args.tile_rounds < 1:
+        raise SystemExit("--reps and --tile-rounds: expected at least 1")
+    result = {}
+    if os.path.exists(args.out):
+        with open(args.out) as f:
+            result = json.load(f)
+    B, H, D = SHAPE["B"], SHAPE["H"], SHAPE["D"]
+    command = "python -m tformer online-softmax " + " ".join(sys.argv[2:])
+    common = {"command": command, "commit": git_commit(), "machine": machine()}
+    if "tiles" in args.parts:
+        t0 = time.perf_counter()
+        rows, best = tile_sweep(args.tile_T, args.tile_sizes, args.tile_rounds, B, H, D)
+        for r in sorted(rows, key=lambda r: r["median_seconds"]):
+            print(f"tiles {r['block_q']:4d} × {r['block_k']:4d}: {r['median_seconds'] * 1e3:8.1f} ms")
+        print(f"fastest: {best[0]} × {best[1]}")
+        result["tiles"] = dict(common, config=dict(T=args.tile_T, B=B, H=H, D=D, dtype="float32",
+                                                   causal=True, sizes=args.tile_sizes, rounds=args.tile_rounds),
+                               results=rows, best=best, seconds=time.perf_counter() - t0)
+    if "sweep" in args.parts:
+        t0 = time.perf_counter()
+        rows = []
+        for T in args.lengths:
+            for kernel in ("plain", "flash"):
+                need, avail = plain_bytes(T, B, H), mem_available()
+                if kernel == "plain" and avail is not None and need * 1.25 > avail:
+                    r = dict(kernel=kernel, T=T, B=B, H=H, D=D, skipped=(
+                        f"needs at least {need / 2**30:.1f} GiB for P and dS; "
+                        f"{avail / 2**30:.1f} GiB available"))
+                    print(f"T={T:6d} {kernel}: skipped, {r['skipped']}", flush=True)
+                else:
+                    r = measure(kernel, T, B, H, D, args.reps)
+                    r["median_seconds"] = sorted(r["seconds"])[len(r["seconds"]) // 2]
+                    print(f"T={T:6d} {kernel}: peak {r['peak_bytes'] / 2**20:10.1f} MiB, "
+                          f"forward + backward {r['median_seconds']:8.3f} s", flush=True)
+                rows.append(r)
+        result["sweep"] = dict(common, config=dict(lengths=args.lengths, B=B, H=H, D=D, dtype="float32",
+                                                   causal=True, reps=args.reps,
+                                                   mem_total=_mem_total()),
+                               results=rows, seconds=time.perf_counter() - t0)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    tmp = args.out + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(result, f, indent=1)
+    os.replace(tmp, args.out)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _mem_total():
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemTotal:"))
+    except (OSError, StopIteration):
+        return None
