@@ -82,18 +82,49 @@ def probe(kernel, T, B, H, D, reps, block_q=None, block_k=None):
     return {"peak_bytes": int(peak), "seconds": seconds}
 
 
-def measure(kernel, T, B=4, H=4, D=32, reps=3, block_q=None, block_k=None):
-    """``probe`` in a fresh Python process (one BLAS thread, one tformer thread)."""
-    cfg = dict(kernel=kernel, T=T, B=B, H=H, D=D, reps=reps, block_q=block_q, block_k=block_k)
+def probe_tinygpt(attention, T, B, d_model=128, n_heads=4, n_layers=3, seed=0):
+    """In this (fresh) process: ``{"peak_bytes", "seconds", "loss"}`` of one TinyGPT training step
+    (forward, cross-entropy, backward; float32) on random tokens, with ``attention`` ("plain" or
+    "flash"), the tracemalloc peak counted from just before the step."""
+    import tracemalloc
+
+    import numpy as np
+
+    from .. import functional as F
+    from ..models.tinygpt import TinyGPT
+    model = TinyGPT(d_model=d_model, n_heads=n_heads, n_layers=n_layers, max_len=T, seed=seed,
+                    attention=attention)
+    tokens = np.random.default_rng(seed).integers(0, 256, (B, T + 1))
+    x, y = np.ascontiguousarray(tokens[:, :-1]), np.ascontiguousarray(tokens[:, 1:])
+    np.ones((64, 64), np.float32) @ np.ones((64, 64), np.float32)   # BLAS's own buffers, before
+    tracemalloc.start()
+    t = time.perf_counter()
+    loss, dlogits = F.cross_entropy(model.forward(x), y)
+    model.backward(dlogits)
+    seconds = time.perf_counter() - t
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return {"peak_bytes": int(peak), "seconds": seconds, "loss": float(loss)}
+
+
+def fresh(probe_name, **cfg):
+    """``probe_name(**cfg)`` of this module in a fresh Python process (one BLAS thread, one tformer
+    thread): nothing an earlier measurement allocated (NumPy's, glibc's or the per-thread scratch
+    buffers of ``tformer.parallel``) is reused or left out of the count."""
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                TFORMER_NUM_THREADS="1")
-    code = ("import json, sys; from tformer.runs.online_softmax import probe; "
-            "print(json.dumps(probe(**json.loads(sys.argv[1]))))")
+    code = (f"import json, sys; from tformer.runs.online_softmax import {probe_name}; "
+            f"print(json.dumps({probe_name}(**json.loads(sys.argv[1]))))")
     out = subprocess.run([sys.executable, "-c", code, json.dumps(cfg)], env=env, capture_output=True,
                          text=True, check=False)
     if out.returncode != 0:
-        raise RuntimeError(f"probe {cfg} failed:\n{out.stderr}")
+        raise RuntimeError(f"{probe_name} {cfg} failed:\n{out.stderr}")
     return dict(cfg, **json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def measure(kernel, T, B=4, H=4, D=32, reps=3, block_q=None, block_k=None):
+    """``probe`` in a fresh Python process."""
+    return fresh("probe", kernel=kernel, T=T, B=B, H=H, D=D, reps=reps, block_q=block_q, block_k=block_k)
 
 
 def plain_bytes(T, B, H):
