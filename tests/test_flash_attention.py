@@ -5,6 +5,7 @@ its memory claim; the modules and models that select it with ``attention="flash"
 of y and of every gradient, in float64, below 1e-12. PyTorch parity is in
 ``test_torch_parity_flash.py``.
 """
+import json
 import os
 import tracemalloc
 
@@ -31,7 +32,8 @@ def randn(*shape, seed=0):
 def qkv(B=2, H=4, T=11, T_k=None, H_kv=None, D=5, D_v=3, seed=0):
     T_k = T if T_k is None else T_k
     H_kv = H if H_kv is None else H_kv
-    return randn(B, H, T, D, seed=seed), randn(B, H_kv, T_k, D, seed=seed + 1), randn(B, H_kv, T_k, D_v, seed=seed + 2)
+    return (randn(B, H, T, D, seed=seed), randn(B, H_kv, T_k, D, seed=seed + 1),
+            randn(B, H_kv, T_k, D_v, seed=seed + 2))
 
 
 def both(q, k, v, plain_kw, flash_kw, seed=9):
@@ -309,10 +311,12 @@ def test_rejects_bad_input():
         ({"block_k": 2.5}, ValueError, r"block_k: expected a positive integer tile size, got 2.5"),
         ({"block_q": True}, ValueError, r"block_q: expected a positive integer"),
         ({"mask": [[True]]}, TypeError, r"mask: expected a boolean or float NumPy array, got list"),
-        ({"mask": np.ones((3, 3), bool)}, ValueError, r"mask: shape \(3, 3\) does not broadcast to scores \(2, 4, 11, 11\)"),
+        ({"mask": np.ones((3, 3), bool)}, ValueError,
+         r"mask: shape \(3, 3\) does not broadcast to scores \(2, 4, 11, 11\)"),
         ({"mask": np.ones((11, 11), np.int64)}, TypeError, r"mask: expected dtype bool or float, got int64"),
         ({"is_causal": 1}, TypeError, r"is_causal: expected True or False, got 1"),
-        ({"out": np.empty((2, 4, 11, 5))}, ValueError, r"out: expected a float64 array of shape \(2, 4, 11, 3\)"),
+        ({"out": np.empty((2, 4, 11, 5))}, ValueError,
+         r"out: expected a float64 array of shape \(2, 4, 11, 3\)"),
     ]:
         with pytest.raises(err, match=msg):
             F.flash_attention_forward(q, k, v, **kw)
@@ -322,7 +326,8 @@ def test_rejects_bad_input():
         F.flash_attention_forward(q, k[..., :4], v)
     with pytest.raises(ValueError, match=r"v: expected 11 positions"):
         F.flash_attention_forward(q, k, v[..., :4, :])
-    with pytest.raises(ValueError, match=r"H = 4 query heads to be a multiple of the key/value heads H_kv, got H_kv = 3"):
+    with pytest.raises(ValueError, match=r"H = 4 query heads to be a multiple of the key/value heads "
+                                         r"H_kv, got H_kv = 3"):
         F.flash_attention_forward(q, k[:, :3], v[:, :3])
     y, cache = F.flash_attention_forward(q, k, v)
     with pytest.raises(ValueError, match=r"dy: expected shape \(2, 4, 11, 3\), got \(2, 4, 11, 5\)"):
@@ -444,3 +449,29 @@ def test_cli_run_tinygpt_with_flash_and_generate(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli(["run", "tinygpt", "--attention", "fast"])
     assert "invalid choice: 'fast'" in capsys.readouterr().err
+
+
+def test_online_softmax_command_writes_each_part_with_its_commit(tmp_path, monkeypatch, capsys):
+    from tformer.runs import online_softmax
+    out = str(tmp_path / "os.json")
+    assert cli(["online-softmax", "--out", out, "--parts", "sweep", "--lengths", "64", "--reps", "1"]) == 0
+    assert cli(["online-softmax", "--out", out, "--parts", "tiles", "--tile-T", "64",
+                "--tile-sizes", "16", "32", "--tile-rounds", "1"]) == 0
+    with open(out) as f:
+        result = json.load(f)
+    sweep, tiles = result["sweep"], result["tiles"]                       # the first part was kept
+    assert {r["kernel"] for r in sweep["results"]} == {"plain", "flash"}
+    assert all(r["peak_bytes"] > 0 and len(r["seconds"]) == 1 for r in sweep["results"])
+    plain = next(r for r in sweep["results"] if r["kernel"] == "plain")
+    assert plain["peak_bytes"] > online_softmax.plain_bytes(64, 4, 4)    # P and dS at least
+    assert len(tiles["results"]) == 4 and tuple(tiles["best"]) in {(16, 16), (16, 32), (32, 16), (32, 32)}
+    for part in (sweep, tiles):
+        assert part["command"].startswith("python -m tformer online-softmax") and "commit" in part
+    monkeypatch.setattr(online_softmax, "mem_available", lambda: 1 << 10)   # 1 KiB free
+    assert cli(["online-softmax", "--out", out, "--parts", "sweep", "--lengths", "64", "--reps", "1"]) == 0
+    with open(out) as f:
+        plain = next(r for r in json.load(f)["sweep"]["results"] if r["kernel"] == "plain")
+    assert "peak_bytes" not in plain and plain["skipped"].startswith("needs at least")
+    assert "plain: skipped" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--lengths: expected positive integers"):
+        cli(["online-softmax", "--out", out, "--lengths", "0"])

@@ -4,11 +4,14 @@ The forward pass walks the keys in tiles and keeps, per query row, the running m
 running sum ℓ = Σ exp(s − m) and the output accumulated so far, o = Σ exp(s − m) v. A new tile
 with scores s' (tile maximum m') is merged by rescaling what came before:
 
-    m_new = max(m, m'),   ℓ ← e^(m − m_new) ℓ + Σ e^(s' − m_new),   o ← e^(m − m_new) o + e^(s' − m_new) V'
+    m_new = max(m, m'),   ℓ ← e^(m − m_new) ℓ + Σ e^(s' − m_new),
+                          o ← e^(m − m_new) o + e^(s' − m_new) V'
 
 and after the last tile y = o / ℓ: exactly softmax(S) V (chapter 24 derives it with SymPy). Only
-y and the row log-sum-exp L = m + log ℓ are kept. The backward pass recomputes each tile's
-probabilities P = exp(S − L) from Q, K and L, and needs rowsum(dP ⊙ P) only as
+y and each row's m and ℓ are kept: the terms of its log-sum-exp L = m + log ℓ, which FlashAttention
+stores as one number; kept apart, they spare the recomputed P the rounding of that sum (near
+|m| = 1e4 it is 1e-12 relative in float64). The backward pass recomputes each tile's
+probabilities P = exp(S − m) / ℓ from Q, K, m and ℓ, and needs rowsum(dP ⊙ P) only as
 D = rowsum(dY ⊙ Y), which is the same number. Memory: O(T·D) per head instead of O(T²).
 
 The tile loops are the algorithm; inside a tile every product is one batched BLAS call over all
@@ -23,10 +26,13 @@ from .. import parallel
 from .._validate import float_array, same_dtype
 from .attention import _group_size, _grouped, _matmul_sum, _out, _split_axis
 
-# Query and key tile sizes, measured on the machine this was written on (AMD EPYC, 32 KiB L1d and
-# 1 MiB L2 per core) by ``python -m tformer online-softmax`` (book/data/online_softmax.json,
-# "tiles"): forward + backward of causal attention at B = 4, H = 4, D = 32, float32.
+#: Query tile size (rows of Q per step). BLOCK_Q × BLOCK_K was the fastest of the 5 × 5 pairs of
+#: 32 … 512 measured by ``python -m tformer online-softmax --parts tiles`` (book/data/
+#: online_softmax.json) on the machine this was written on (AMD EPYC, 32 KiB L1d and 1 MiB L2 per
+#: core): forward + backward of causal attention at B = 4, H = 4, D = 32, float32, where one block
+#: of scores over all B·H heads is 1 MiB.
 BLOCK_Q = 128
+#: Key tile size (rows of K and V per step); see ``BLOCK_Q``.
 BLOCK_K = 128
 
 
@@ -44,8 +50,9 @@ def flash_attention_forward(q, k, v, mask=None, scale=None, is_causal=False, out
     (and zero gradients), never NaN. ``block_q``, ``block_k``: tile sizes (default ``BLOCK_Q``,
     ``BLOCK_K``). ``out``: an array or view to write y into (it is kept, not copied, for the
     backward pass: do not overwrite it before then).
-    Returns ``y, cache``; the cache holds q, k, v, y and ``L: (..., T_q)``, the log-sum-exp of each
-    row of S (+inf for a row with no visible key).
+    Returns ``y, cache``; the cache holds q, k, v, y and, per row of S, its maximum
+    ``m: (..., T_q)`` and its sum ``ℓ = Σ_j e^(s_j − m): (..., T_q)`` (ℓ = 0 for a row with no
+    visible key): P = e^(S − m) / ℓ, the terms of the log-sum-exp L = m + log ℓ kept apart.
     """
     G, scale, blocked, additive = _check(q, k, v, mask, scale, is_causal)
     bq, bk = _block("block_q", block_q, BLOCK_Q), _block("block_k", block_k, BLOCK_K)
@@ -82,8 +89,8 @@ def flash_attention_forward(q, k, v, mask=None, scale=None, is_causal=False, out
                 raise ValueError("scores: contain NaN or +inf (from q, k or the mask); the softmax "
                                  "of such a row is undefined")
             empty = ell == 0                       # no visible key (or no key tile at all)
-            if empty.any():
-                o[np.broadcast_to(empty, o.shape)] = 0
+            if empty.any():                        # P = 0 on these rows; with no key tile at all
+                o[np.broadcast_to(empty, o.shape)] = 0   # o was never written
             np.divide(o, ell, out=o, where=~empty)                      # y = o / ℓ
             mg[lo:hi, ..., a:b, :] = m
             ellg[lo:hi, ..., a:b, :] = ell
@@ -105,7 +112,6 @@ def _merge_tile(S, m, ell, o, v, pv_buf, ones, first):
     S -= m_new
     np.exp(S, out=S)                                                    # e^(s − m_new)
     rowsum = np.matmul(S, ones[:nk])                                    # Σ_j e^(s_j − m_new), BLAS
-    pv = pv_buf[..., :S.shape[-2], :]
     if first:                                                           # ℓ = 0, o = 0 before
         ell += rowsum
         np.matmul(S, v, out=o)
@@ -114,7 +120,7 @@ def _merge_tile(S, m, ell, o, v, pv_buf, ones, first):
     ell *= alpha
     ell += rowsum                                                       # ℓ ← α ℓ + Σ e^(s − m_new)
     o *= alpha
-    o += np.matmul(S, v, out=pv)                                        # o ← α o + e^(S − m_new) V
+    o += np.matmul(S, v, out=pv_buf[..., :S.shape[-2], :])              # o ← α o + e^(S − m_new) V
     return m_new
 
 
@@ -136,7 +142,8 @@ def _scores(qs, k, S_buf, a, b, c, d, lo, hi, blocked, additive, is_causal, offs
 
 
 def _above(a, b, c, d, offset):
-    """(b − a, d − c) boolean: key j = c … d−1 comes after what query i = a … b−1 may see (j > i + offset)."""
+    """(b − a, d − c) boolean: key j = c … d−1 comes after what query i = a … b−1 may see,
+    j > i + offset."""
     return np.arange(c, d)[None, :] > np.arange(a + offset, b + offset)[:, None]
 
 
@@ -149,7 +156,7 @@ def flash_attention_backward(dy, cache, out=None):
     dP = dY Vᵀ and Y = P V, rowsum(dP ⊙ P) = Σ_j P_ij (dY_i · V_j) = dY_i · Y_i, so
     D = rowsum(dY ⊙ Y) is computed once, O(T·D_v), before the loop. The division by ℓ is moved
     onto the small operands: with E = exp(S − m), dV = Eᵀ (dY/ℓ) and dS = E ⊙ ((dY/ℓ) Vᵀ − D/ℓ),
-    so a tile of T_q × T_k numbers is touched by the subtraction and the exponential only.
+    so that a tile of scores is touched by the subtraction and the exponential only.
     dQ sums over key tiles, dK and dV over query tiles. Grouped-query attention: dK and dV of a
     key/value head sum its G query heads (``_matmul_sum``).
     Shapes: ``dy: (..., T_q, D_v)`` -> ``(dq, dk, dv)`` shaped like ``q, k, v``.
@@ -166,7 +173,8 @@ def flash_attention_backward(dy, cache, out=None):
     G = _group_size(q, k, v)
     T_q, T_k = q.shape[-2], k.shape[-2]
     Dlt = np.vecdot(dy, y)[..., None]                                   # D = rowsum(dY ⊙ Y)  (.., T_q, 1)
-    inv = np.divide(1, ell_all, out=np.zeros_like(ell_all), where=ell_all > 0)[..., None]   # 1/ℓ, 0 if no key
+    inv = np.divide(1, ell_all, out=np.zeros_like(ell_all), where=ell_all > 0)[..., None]   # 1/ℓ
+    # (0 for a row with no visible key: its dY/ℓ and D/ℓ are 0, and so are its gradients)
     Dlt *= inv                                                          # D/ℓ
     arrays = _batched(q, k, v, dy, m_all[..., None], inv, Dlt, dq, dk, dv)
     q3, k3, v3, dy3, m3, inv3, D3, dq3, dk3, dv3 = arrays

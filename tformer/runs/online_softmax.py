@@ -30,7 +30,8 @@ TILE_SIZES = (32, 64, 128, 256, 512)
 
 def add_arguments(p):
     p.add_argument("--out", default=DEFAULT_OUT, help="the JSON file to write (parts not run are kept)")
-    p.add_argument("--parts", nargs="+", choices=["tiles", "sweep"], default=["tiles", "sweep"])
+    p.add_argument("--parts", nargs="+", choices=["tiles", "sweep"], default=["tiles", "sweep"],
+                   help="tiles: the tile-size sweep; sweep: plain against flash over --lengths")
     p.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096, 8192, 16384],
                    help="sequence lengths T of the sweep")
     p.add_argument("--reps", type=int, default=3, help="timed forward + backward passes per measurement")
@@ -186,7 +187,8 @@ def tile_sweep(T, sizes, rounds, B, H, D):
 def main(args):
     for name in ("lengths", "tile_sizes"):
         if min(getattr(args, name)) < 1:
-            raise SystemExit(f"--{name.replace('_', '-')}: expected positive integers, got {getattr(args, name)}")
+            raise SystemExit(f"--{name.replace('_', '-')}: expected positive integers, "
+                             f"got {getattr(args, name)}")
     if args.reps < 1 or args.tile_rounds < 1:
         raise SystemExit("--reps and --tile-rounds: expected at least 1")
     result = {}
@@ -202,9 +204,10 @@ def main(args):
         for r in sorted(rows, key=lambda r: r["median_seconds"]):
             print(f"tiles {r['block_q']:4d} × {r['block_k']:4d}: {r['median_seconds'] * 1e3:8.1f} ms")
         print(f"fastest: {best[0]} × {best[1]}")
-        result["tiles"] = dict(common, config=dict(T=args.tile_T, B=B, H=H, D=D, dtype="float32",
-                                                   causal=True, sizes=args.tile_sizes, rounds=args.tile_rounds),
-                               results=rows, best=best, seconds=time.perf_counter() - t0)
+        config = dict(T=args.tile_T, B=B, H=H, D=D, dtype="float32", causal=True,
+                      sizes=args.tile_sizes, rounds=args.tile_rounds)
+        result["tiles"] = dict(common, config=config, results=rows, best=best,
+                               seconds=time.perf_counter() - t0)
     if "sweep" in args.parts:
         t0 = time.perf_counter()
         rows = []
