@@ -10,7 +10,7 @@ with scores s' (tile maximum m') is merged by rescaling what came before:
 and after the last tile y = o / ℓ: exactly softmax(S) V (chapter 24 derives it with SymPy). Only
 y and each row's m and ℓ are kept: the terms of its log-sum-exp L = m + log ℓ, which FlashAttention
 stores as one number; kept apart, they spare the recomputed P the rounding of that sum (near
-|m| = 1e4 it is 1e-12 relative in float64). The backward pass recomputes each tile's
+m = ±1e4 it is 1e-12 relative in float64). The backward pass recomputes each tile's
 probabilities P = exp(S − m) / ℓ from Q, K, m and ℓ, and needs rowsum(dP ⊙ P) only as
 D = rowsum(dY ⊙ Y), which is the same number. Memory: O(T·D) per head instead of O(T²).
 
