@@ -220,6 +220,52 @@ def test_float32_agrees_with_float64():
         assert a.dtype == np.float32 and rel_error(a, b) < 1e-4
 
 
+@pytest.mark.parametrize("dt", ["float16", "bfloat16"])
+@pytest.mark.parametrize("H_kv", [2, 1])
+def test_float16_and_bfloat16_compute_their_tiles_in_float32(dt, H_kv):
+    """Mixed precision: the same inputs, rounded to the low format, against the float32 kernel on
+    their exact float32 values. The claim of ``tests/test_precision.py`` for every kernel (a few
+    units of the format's roundoff u) holds; y and the gradients come back in the low format."""
+    from tformer._dtypes import bfloat16, float16
+    low = {"float16": float16, "bfloat16": bfloat16}[dt]
+    u = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}[dt]
+    q, k, v = (a.astype(low) for a in qkv(B=2, H=2, T=70, H_kv=H_kv, D=8, D_v=6, seed=85))
+    mask = F.padding_mask((np.arange(70) < np.array([[60], [70]])).astype(int))
+    y, cache = F.flash_attention_forward(q, k, v, mask=mask, is_causal=True, block_q=32, block_k=16)
+    up = [a.astype(np.float32) for a in (q, k, v)]
+    y_ref, cache_ref = F.attention_forward(*up, mask=mask & F.causal_mask(70))
+    assert y.dtype == low and rel_error(y, y_ref) < 8 * u
+    dy = randn(*y.shape, seed=86).astype(low)
+    grads = F.flash_attention_backward(dy, cache)
+    for g, g_ref in zip(grads, F.attention_backward(dy.astype(np.float32), cache_ref)):
+        assert g.dtype == low and rel_error(g, g_ref) < 8 * u
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_tinygpt_with_flash_trains_in_low_precision(precision):
+    """One SGD step of TinyGPT(attention="flash") in fp16 (with loss scaling) or bf16 against the
+    same step in float32: ``tests/test_precision.py``'s tolerance for the modern block."""
+    from tformer.optim import SGD
+    from tformer.precision import MixedPrecision
+    from tformer.train import train
+
+    def batch(i):
+        w = np.random.default_rng([7, i]).integers(0, 256, (4, 9))
+        return w[:, :-1], w[:, 1:]
+
+    def forward_loss(model, b):
+        return F.cross_entropy(model.forward(b[0]), b[1])
+    ref, low = (TinyGPT(d_model=16, n_heads=2, n_layers=2, max_len=8, seed=3, attention="flash")
+                for _ in range(2))
+    mp = MixedPrecision(low, precision)
+    before = ref.state_dict()
+    train(ref, SGD(ref, lr=0.1), batch, forward_loss, 1, progress_bar=False)
+    h = train(low, SGD(low, lr=0.1), batch, forward_loss, 1, precision=mp, progress_bar=False)
+    assert h["skipped"] == []
+    upd = [np.concatenate([(m.state_dict()[k] - before[k]).ravel() for k in before]) for m in (ref, low)]
+    assert rel_error(upd[1], upd[0]) < {"fp16": 1e-2, "bf16": 6e-2}[precision]
+
+
 def test_writes_into_head_merged_views():
     """``out=`` for y and for the three gradients, as MultiHeadAttention passes them (GQA layout)."""
     B, T, H, H_kv, D = 2, 9, 4, 2, 3

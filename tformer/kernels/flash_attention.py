@@ -23,6 +23,7 @@ import math
 import numpy as np
 
 from .. import parallel
+from .._dtypes import compute_dtype
 from .._validate import float_array, same_dtype
 from .attention import _group_size, _grouped, _matmul_sum, _out, _split_axis
 
@@ -50,6 +51,9 @@ def flash_attention_forward(q, k, v, mask=None, scale=None, is_causal=False, out
     (and zero gradients), never NaN. ``block_q``, ``block_k``: tile sizes (default ``BLOCK_Q``,
     ``BLOCK_K``). ``out``: an array or view to write y into (it is kept, not copied, for the
     backward pass: do not overwrite it before then).
+    float16/bfloat16 (mixed precision): each tile is upcast to float32, and the scores, the
+    exponentials, m, ℓ and the partial output are float32; y is rounded to the input's format once,
+    at the end of its query tile.
     Returns ``y, cache``; the cache holds q, k, v, y and, per row of S, its maximum
     ``m: (..., T_q)`` and its sum ``ℓ = Σ_j e^(s_j − m): (..., T_q)`` (ℓ = 0 for a row with no
     visible key): P = e^(S − m) / ℓ, the terms of the log-sum-exp L = m + log ℓ kept apart.
@@ -57,13 +61,14 @@ def flash_attention_forward(q, k, v, mask=None, scale=None, is_causal=False, out
     G, scale, blocked, additive = _check(q, k, v, mask, scale, is_causal)
     bq, bk = _block("block_q", block_q, BLOCK_Q), _block("block_k", block_k, BLOCK_K)
     y = _out("out", out, (*q.shape[:-1], v.shape[-1]), q.dtype)
-    m_all = np.empty(q.shape[:-1], q.dtype)                             # (..., T_q): row max m
-    ell_all = np.empty(q.shape[:-1], q.dtype)                           # (..., T_q): ℓ = Σ e^(s − m)
+    cd = compute_dtype(q.dtype)                 # the tiles' format: float32 for float16/bfloat16
+    m_all = np.empty(q.shape[:-1], cd)                                  # (..., T_q): row max m
+    ell_all = np.empty(q.shape[:-1], cd)                                # (..., T_q): ℓ = Σ e^(s − m)
     T_q, T_k = q.shape[-2], k.shape[-2]
     q3, k3, v3, y3, m3, ell3, blocked, additive = _batched(q, k, v, y, m_all[..., None],
                                                            ell_all[..., None], blocked, additive)
     qg, kg, vg, yg, mg, ellg, blocked, additive = _grouped(G, q3, k3, v3, y3, m3, ell3, blocked, additive)
-    low = np.finfo(q.dtype).min        # the running max starts here, not at −inf: see _merge_tile
+    low = np.finfo(cd).min             # the running max starts here, not at −inf: see _merge_tile
 
     def seqs(lo, hi):
         with np.errstate(invalid="ignore"):       # NaN or +inf scores: reported below, by name
@@ -71,20 +76,23 @@ def flash_attention_forward(q, k, v, mask=None, scale=None, is_causal=False, out
 
     def tiles(lo, hi):
         lead = (hi - lo, *qg.shape[1:-2])                               # (n, ..., ·, ·) of a tile
-        S_buf = np.empty((*lead, bq, bk), q.dtype)                      # one tile of scores
-        qs_buf = np.empty((*lead, bq, q.shape[-1]), q.dtype)
-        pv_buf = np.empty((*lead, bq, v.shape[-1]), q.dtype)
-        ones = np.ones((bk, 1), q.dtype)
+        S_buf = np.empty((*lead, bq, bk), cd)                           # one tile of scores
+        qs_buf = np.empty((*lead, bq, q.shape[-1]), cd)
+        pv_buf = np.empty((*lead, bq, v.shape[-1]), cd)
+        ones = np.ones((bk, 1), cd)
+        k_up, v_up, o_up = _upcast_buffers(q.dtype, cd, (hi - lo, *kg.shape[1:-2]), lead, bq, bk,
+                                           k.shape[-1], v.shape[-1], v.shape[-1])
         for a, b in _ranges(T_q, bq):
             nq = b - a
-            qs = np.multiply(qg[lo:hi, ..., a:b, :], scale, out=qs_buf[..., :nq, :])
-            o = yg[lo:hi, ..., a:b, :]                                  # o accumulates in y
-            m = np.full((*lead, nq, 1), low, q.dtype)                   # running max  (.., nq, 1)
-            ell = np.zeros((*lead, nq, 1), q.dtype)                     # running sum  (.., nq, 1)
+            qs = np.multiply(qg[lo:hi, ..., a:b, :], scale, out=qs_buf[..., :nq, :], dtype=cd)
+            o = yg[lo:hi, ..., a:b, :] if o_up is None else o_up[..., :nq, :]   # o accumulates in y
+            m = np.full((*lead, nq, 1), low, cd)                        # running max  (.., nq, 1)
+            ell = np.zeros((*lead, nq, 1), cd)                          # running sum  (.., nq, 1)
             for i, (c, d) in enumerate(_ranges(_key_end(a, b, T_q, T_k, is_causal), bk)):
-                S = _scores(qs, kg[lo:hi, ..., c:d, :], S_buf, a, b, c, d, lo, hi,
+                S = _scores(qs, _up(kg[lo:hi, ..., c:d, :], k_up), S_buf, a, b, c, d, lo, hi,
                             blocked, additive, is_causal, T_k - T_q)
-                m = _merge_tile(S, m, ell, o, vg[lo:hi, ..., c:d, :], pv_buf, ones, first=i == 0)
+                m = _merge_tile(S, m, ell, o, _up(vg[lo:hi, ..., c:d, :], v_up), pv_buf, ones,
+                                first=i == 0)
             if np.isnan(m).any() or np.isposinf(m).any():
                 raise ValueError("scores: contain NaN or +inf (from q, k or the mask); the softmax "
                                  "of such a row is undefined")
@@ -92,6 +100,8 @@ def flash_attention_forward(q, k, v, mask=None, scale=None, is_causal=False, out
             if empty.any():                        # P = 0 on these rows; with no key tile at all
                 o[np.broadcast_to(empty, o.shape)] = 0   # o was never written
             np.divide(o, ell, out=o, where=~empty)                      # y = o / ℓ
+            if o_up is not None:
+                np.copyto(yg[lo:hi, ..., a:b, :], o, casting="same_kind")   # rounded once
             mg[lo:hi, ..., a:b, :] = m
             ellg[lo:hi, ..., a:b, :] = ell
 
@@ -172,42 +182,48 @@ def flash_attention_backward(dy, cache, out=None):
                   for i, (n, like) in enumerate(zip("qkv", (q, k, v))))
     G = _group_size(q, k, v)
     T_q, T_k = q.shape[-2], k.shape[-2]
-    Dlt = np.vecdot(dy, y)[..., None]                                   # D = rowsum(dY ⊙ Y)  (.., T_q, 1)
+    cd = m_all.dtype                            # the tiles' format: float32 for float16/bfloat16
+    Dlt = np.vecdot(dy.astype(cd, copy=False), y.astype(cd, copy=False))[..., None]   # D = rowsum(dY ⊙ Y)
     inv = np.divide(1, ell_all, out=np.zeros_like(ell_all), where=ell_all > 0)[..., None]   # 1/ℓ
     # (0 for a row with no visible key: its dY/ℓ and D/ℓ are 0, and so are its gradients)
     Dlt *= inv                                                          # D/ℓ
     arrays = _batched(q, k, v, dy, m_all[..., None], inv, Dlt, dq, dk, dv)
     q3, k3, v3, dy3, m3, inv3, D3, dq3, dk3, dv3 = arrays
     qg, kg, vg, dyg, mg, invg, Dg, dqg = _grouped(G, q3, k3, v3, dy3, m3, inv3, D3, dq3)
-    dk3[...] = 0                                                        # sums over query tiles
-    dv3[...] = 0
 
     def seqs(lo, hi):
         lead = (hi - lo, *qg.shape[1:-2])
-        E_buf = np.empty((*lead, bq, bk), q.dtype)                      # E = exp(S − m) of one tile
-        dP_buf = np.empty((*lead, bq, bk), q.dtype)                     # dP/ℓ, then dS/scale
-        qs_buf = np.empty((*lead, bq, q.shape[-1]), q.dtype)
-        dys_buf = np.empty((*lead, bq, v.shape[-1]), q.dtype)
-        dq_buf = np.empty((*lead, bq, q.shape[-1]), q.dtype)
+        E_buf = np.empty((*lead, bq, bk), cd)                           # E = exp(S − m) of one tile
+        dP_buf = np.empty((*lead, bq, bk), cd)                          # dP/ℓ, then dS/scale
+        qs_buf = np.empty((*lead, bq, q.shape[-1]), cd)
+        dys_buf = np.empty((*lead, bq, v.shape[-1]), cd)
+        dq_buf = np.empty((*lead, bq, q.shape[-1]), cd)
         kv_lead = (hi - lo, *dk3.shape[1:-2])                           # (n, ..., H_kv)
-        dk_buf = np.empty((*kv_lead, bk, k.shape[-1]), q.dtype)
-        dv_buf = np.empty((*kv_lead, bk, v.shape[-1]), q.dtype)
+        dk_buf = np.empty((*kv_lead, bk, k.shape[-1]), cd)
+        dv_buf = np.empty((*kv_lead, bk, v.shape[-1]), cd)
+        k_up, v_up, dq_up = _upcast_buffers(q.dtype, cd, (hi - lo, *kg.shape[1:-2]), lead, bq, bk,
+                                            k.shape[-1], v.shape[-1], q.shape[-1])
+        # dK and dV sum over query tiles: in place, or (float16/bfloat16) in float32 arrays
+        dk_acc = dk3[lo:hi] if dq_up is None else np.empty((hi - lo, *dk3.shape[1:]), cd)
+        dv_acc = dv3[lo:hi] if dq_up is None else np.empty((hi - lo, *dv3.shape[1:]), cd)
+        dk_acc[...] = 0
+        dv_acc[...] = 0
         for a, b in _ranges(T_q, bq):
             nq = b - a
-            qs = np.multiply(qg[lo:hi, ..., a:b, :], scale, out=qs_buf[..., :nq, :])
+            qs = np.multiply(qg[lo:hi, ..., a:b, :], scale, out=qs_buf[..., :nq, :], dtype=cd)
             dys = np.multiply(dyg[lo:hi, ..., a:b, :], invg[lo:hi, ..., a:b, :],
-                              out=dys_buf[..., :nq, :])                 # dY/ℓ
+                              out=dys_buf[..., :nq, :], dtype=cd)       # dY/ℓ
             mt, Dt = mg[lo:hi, ..., a:b, :], Dg[lo:hi, ..., a:b, :]
-            dqt = dqg[lo:hi, ..., a:b, :]
+            dqt = dqg[lo:hi, ..., a:b, :] if dq_up is None else dq_up[..., :nq, :]
             end = _key_end(a, b, T_q, T_k, is_causal)
             for i, (c, d) in enumerate(_ranges(end, bk)):
                 nk = d - c
-                kt, vt = kg[lo:hi, ..., c:d, :], vg[lo:hi, ..., c:d, :]
+                kt, vt = _up(kg[lo:hi, ..., c:d, :], k_up), _up(vg[lo:hi, ..., c:d, :], v_up)
                 E = _scores(qs, kt, E_buf, a, b, c, d, lo, hi, blocked, additive, is_causal, T_k - T_q)
                 E -= mt
                 np.exp(E, out=E)                                        # E = exp(S − m) = ℓ P
                 dvt = _matmul_sum(E.swapaxes(-1, -2), dys, dv_buf[..., :nk, :], G)
-                dv3[lo:hi, ..., c:d, :] += dvt                          # dV_c += Pᵀ dY_a
+                dv_acc[..., c:d, :] += dvt                              # dV_c += Pᵀ dY_a
                 dS = np.matmul(dys, vt.swapaxes(-1, -2), out=dP_buf[..., :nq, :nk])   # dP/ℓ
                 dS -= Dt
                 dS *= E                                                 # dS/scale = P ⊙ (dP − D)
@@ -216,13 +232,37 @@ def flash_attention_backward(dy, cache, out=None):
                 else:
                     dqt += np.matmul(dS, kt, out=dq_buf[..., :nq, :])   # dQ_a/scale += dS K_c
                 dkt = _matmul_sum(dS.swapaxes(-1, -2), qs, dk_buf[..., :nk, :], G)
-                dk3[lo:hi, ..., c:d, :] += dkt                          # dK_c += dSᵀ (scale·Q_a)
+                dk_acc[..., c:d, :] += dkt                              # dK_c += dSᵀ (scale·Q_a)
             if end == 0:
                 dqt[...] = 0                                            # no key: no gradient
             dqt *= scale                                                # dQ = scale · dS K
+            if dq_up is not None:
+                np.copyto(dqg[lo:hi, ..., a:b, :], dqt, casting="same_kind")
+        if dq_up is not None:                                           # rounded once
+            np.copyto(dk3[lo:hi], dk_acc, casting="same_kind")
+            np.copyto(dv3[lo:hi], dv_acc, casting="same_kind")
 
     parallel.parallel_for(seqs, *_split_axis(qg))
     return dq, dk, dv
+
+
+def _upcast_buffers(dtype, cd, kv_lead, lead, bq, bk, D_k, D_v, D_out):
+    """float16/bfloat16 input: float32 buffers for a key tile ``(.., bk, D_k)``, a value tile
+    ``(.., bk, D_v)`` and a query tile's result ``(.., bq, D_out)``. (None, None, None) when the
+    input is already in the compute format ``cd``."""
+    if dtype == cd:
+        return None, None, None
+    return (np.empty((*kv_lead, bk, D_k), cd), np.empty((*kv_lead, bk, D_v), cd),
+            np.empty((*lead, bq, D_out), cd))
+
+
+def _up(a, buf):
+    """The tile ``a`` in the compute format: ``a`` itself, or its values upcast into ``buf``."""
+    if buf is None:
+        return a
+    view = buf[..., :a.shape[-2], :a.shape[-1]]
+    np.copyto(view, a)
+    return view
 
 
 def _check(q, k, v, mask, scale, is_causal):
@@ -260,7 +300,7 @@ def _check(q, k, v, mask, scale, is_causal):
     if mask.dtype == bool:
         return G, scale, np.broadcast_to(~mask, scores), None
     if np.issubdtype(mask.dtype, np.floating):
-        return G, scale, None, np.broadcast_to(mask.astype(q.dtype, copy=False), scores)
+        return G, scale, None, np.broadcast_to(mask.astype(compute_dtype(q.dtype), copy=False), scores)
     raise TypeError(f"mask: expected dtype bool or float, got {mask.dtype}")
 
 
