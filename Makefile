@@ -6,9 +6,10 @@
 # On a fresh machine with Python 3.11 and make, `make book` and `make test` do all of the setup.
 #
 #   make book        build the site into _build/html (any warning fails the build)
-#   make test        test-unit, test-nbval and book, then each stage's result and time
+#   make test        test-unit, test-nbval, test-nbval-other, book; then each one's result and time
 #   make test-unit   pytest tests (unit tests and the notebook hygiene check)
 #   make test-nbval  nbval: re-run every notebook and compare with its stored outputs
+#   make test-nbval-other  nbval again, under an older CPU's floating-point arithmetic
 #   make execute     re-execute every notebook in place, in a fresh kernel (NB=path for one)
 #   make serve       serve _build/html on http://127.0.0.1:8000 (PORT=...)
 #   make lab         JupyterLab on port 8888 (LAB_PORT=..., LAB_FLAGS=--no-browser), installed
@@ -45,7 +46,7 @@ NBVAL := $(RUN_NB) $(BIN)/python -m pytest --nbval notebooks --nbval-current-env
 # The environment under which notebooks are executed and checked: one BLAS thread (so floats do not
 # depend on the core count), no progress bars, a fixed hash seed, and the venv's own kernel.
 # MPLBACKEND is removed (RUN_NB) so that the kernel picks its inline backend and stores the figures.
-NOTEBOOK_TARGETS := test test-unit test-nbval book execute lab
+NOTEBOOK_TARGETS := test test-unit test-nbval test-nbval-other book execute lab
 $(NOTEBOOK_TARGETS): export OPENBLAS_NUM_THREADS := 1
 $(NOTEBOOK_TARGETS): export OMP_NUM_THREADS := 1
 $(NOTEBOOK_TARGETS): export MKL_NUM_THREADS := 1
@@ -55,10 +56,11 @@ $(NOTEBOOK_TARGETS): export PYTHONHASHSEED := 0
 $(NOTEBOOK_TARGETS): export JUPYTER_PREFER_ENV_PATH := 1
 $(NOTEBOOK_TARGETS): export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help venv book test test-unit test-nbval execute serve lab torch run bench clean
+.PHONY: help venv book test test-unit test-nbval test-nbval-other execute serve lab torch run \
+	bench clean
 
 help:
-	@sed -n '3,19p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,20p' Makefile | sed 's/^# \{0,1\}//'
 
 # --- environment -------------------------------------------------------------------------------
 
@@ -104,14 +106,25 @@ test-unit: $(TEST_STAMP)
 test-nbval: $(TEST_STAMP)
 	$(NBVAL)
 
+# nbval once more, under another CPU's floating-point arithmetic forced on this machine: an older
+# OpenBLAS kernel set (Sandybridge on any CPU with AVX2 or better) and NumPy's baseline SIMD level.
+# tools/other_arithmetic.py picks both, checks that they took effect, prints them, and runs nbval;
+# where nothing older can be forced (not x86-64, no OpenBLAS) it says why in one line and skips.
+test-nbval-other: $(TEST_STAMP)
+	$(BIN)/python tools/other_arithmetic.py -- $(NBVAL)
+
 # Runs every stage even when one fails, then prints each stage's result and wall-clock time.
 test: $(TEST_STAMP)
 	@failed=0; report=""; \
-	for stage in test-unit test-nbval book; do \
+	for stage in test-unit test-nbval test-nbval-other book; do \
 	  echo; echo "=== make $$stage"; \
-	  start=$$(date +%s); \
-	  if $(MAKE) --no-print-directory $$stage; then status=ok; else status=FAILED; failed=1; fi; \
-	  report="$$report$$(printf '  %-11s %-7s %5ss' $$stage $$status $$(( $$(date +%s) - start )))\n"; \
+	  start=$$(date +%s); note=""; \
+	  if [ $$stage = test-nbval-other ]; then note="$$($(BIN)/python tools/other_arithmetic.py --brief)" || note="see the error above"; fi; \
+	  case "$$note" in \
+	    skipped:*) echo "$$note"; status=skipped ;; \
+	    *) if $(MAKE) --no-print-directory $$stage; then status=ok; else status=FAILED; failed=1; fi ;; \
+	  esac; \
+	  report="$$report$$(printf '  %-16s %-7s %5ss  %s' $$stage $$status $$(( $$(date +%s) - start )) "$$note")\n"; \
 	done; \
 	echo; echo "=== summary (wall-clock)"; printf "$$report"; \
 	exit $$failed
