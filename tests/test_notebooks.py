@@ -3,9 +3,14 @@
 nbval re-runs each notebook and compares its outputs with the stored ones, but a notebook committed
 *without* outputs passes nbval trivially. These tests make sure every notebook was executed top to
 bottom in one fresh kernel, stores no error and no machine-specific path, and leaves most of its
-outputs for nbval to compare.
+outputs for nbval to compare. They also catch the common slip that breaks nbval on a reader's CPU:
+a compared cell that prints a number measured by a gradient check, a clock or the memory
+allocator (see `measured_prints`). A trained loss printed without a marker cannot be told from a
+stable number by reading the code; `make test-nbval-other` catches that one.
 """
 
+import ast
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -21,6 +26,24 @@ MARKERS = {"NBVAL_IGNORE_OUTPUT", "NBVAL_RAISES_EXCEPTION", "NBVAL_SKIP", "NBVAL
 MACHINE_PATH = re.compile(
     r"(/work/|/tmp/|/home/|/root/|/Users/|/usr/local/lib/python|site-packages/|\.venv/)"
 )
+
+
+# Calls whose result depends on the CPU's arithmetic (the worst entry of a finite-difference check)
+# or on the machine (clocks, page faults, allocated memory): by dotted name, or by the bare name a
+# notebook imports. A function a notebook defines that calls one of them counts as one too.
+MEASURING_CALLS = {
+    "check_kernel", "check_module", "numerical_grad", "rel_error",
+    "time.time", "time.time_ns", "time.perf_counter", "time.perf_counter_ns", "time.monotonic",
+    "time.thread_time", "time.process_time", "timeit.timeit", "timeit.repeat",
+    "timeit.default_timer", "perf_counter", "thread_time", "process_time", "default_timer",
+    "resource.getrusage", "getrusage", "tracemalloc.get_traced_memory", "get_traced_memory",
+    "psutil.Process", "memory_info",
+}
+GROWING_METHODS = {"append", "extend", "insert", "add", "update", "setdefault"}
+# Calls that turn a measured value into a stable one: a count, a type, a truth value.
+STABLE_CALLS = {"len", "bool", "isinstance", "type", "all", "any"}
+MEASURED_PRINT_HINT = ("print the claim here (`err < 1e-7`) and the number in a cell whose first line "
+                       "is # NBVAL_IGNORE_OUTPUT")
 
 
 def find_notebooks(directory=NOTEBOOK_DIR):
@@ -43,6 +66,147 @@ def _output_text(output):
     return "\n".join(parts)
 
 
+def _dotted(node):
+    """'a.b.c' for a Name/Attribute chain, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        return ".".join([node.id, *reversed(parts)])
+    return None
+
+
+class _MeasuredPrints(ast.NodeVisitor):
+    """Follows measured values through one notebook's cells, in order, and records every place
+    where a cell shows one: an argument of print()/display(), or the cell's last expression.
+
+    A value is measured if it comes from a MEASURING_CALLS call, or from an expression that uses a
+    measured name; a comparison (`err < 1e-7`) or a STABLE_CALLS call (`len(errs)`) of it is not.
+    """
+
+    def __init__(self):
+        self.measured = set()          # names bound to measured values, across cells
+        self.functions = set()         # names of notebook functions that measure
+        self.found = []                # (line, source of the shown expression) in the current cell
+
+    # -- what carries a measured value
+    def _source_call(self, node):
+        name = _dotted(node.func)
+        return name is not None and (name in MEASURING_CALLS or name.split(".")[-1] in MEASURING_CALLS
+                                     or name in self.functions)
+
+    def carries(self, node, local=frozenset()):
+        if node is None or isinstance(node, (ast.Constant, ast.Lambda)):
+            return False
+        if isinstance(node, (ast.Compare, ast.BoolOp)) or (
+                isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not)):
+            return False                                           # a claim: True or False
+        if isinstance(node, ast.Name):
+            return node.id in self.measured or node.id in local
+        if isinstance(node, ast.Call):
+            if self._source_call(node):
+                return True
+            if _dotted(node.func) in STABLE_CALLS:
+                return False
+            return any(self.carries(n, local) for n in
+                       [node.func, *node.args, *(k.value for k in node.keywords)])
+        if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
+            for gen in node.generators:
+                if self.carries(gen.iter, local):
+                    local = local | {n.id for n in ast.walk(gen.target) if isinstance(n, ast.Name)}
+            elts = [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
+            return any(self.carries(e, local) for e in elts)
+        return any(self.carries(child, local) for child in ast.iter_child_nodes(node))
+
+    # -- bindings
+    def _bind(self, target, measured):
+        if isinstance(target, ast.Name):
+            (self.measured.add if measured else self.measured.discard)(target.id)
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            for element in target.elts:
+                self._bind(element, measured)
+        elif isinstance(target, ast.Starred):
+            self._bind(target.value, measured)
+        elif measured:                                          # d[key] = measured: d is measured
+            while isinstance(target, (ast.Subscript, ast.Attribute)):
+                target = target.value
+            if isinstance(target, ast.Name):
+                self.measured.add(target.id)
+
+    def visit_Assign(self, node):
+        self.generic_visit(node)
+        for target in node.targets:
+            self._bind(target, self.carries(node.value))
+
+    def visit_AnnAssign(self, node):
+        self.generic_visit(node)
+        if node.value is not None:
+            self._bind(node.target, self.carries(node.value))
+
+    def visit_AugAssign(self, node):
+        self.generic_visit(node)
+        if self.carries(node.value):
+            self._bind(node.target, True)
+
+    def visit_For(self, node):
+        self._bind(node.target, self.carries(node.iter))
+        self.generic_visit(node)
+
+    def visit_ImportFrom(self, node):
+        for alias in node.names:
+            if f"{node.module}.{alias.name}" in MEASURING_CALLS or alias.name in MEASURING_CALLS:
+                self.functions.add(alias.asname or alias.name)    # from time import perf_counter as pc
+
+    def visit_ExceptHandler(self, node):
+        if node.name:
+            self.measured.discard(node.name)                    # `except E as err`: a new err
+        self.generic_visit(node)
+
+    def visit_withitem(self, node):
+        if node.optional_vars is not None:
+            self._bind(node.optional_vars, self.carries(node.context_expr))
+        self.generic_visit(node)
+
+    def visit_FunctionDef(self, node):
+        if any(isinstance(n, ast.Call) and self._source_call(n) for n in ast.walk(node)):
+            self.functions.add(node.name)
+        self.generic_visit(node)
+
+    # -- where a value is shown
+    def visit_Call(self, node):
+        if (isinstance(node.func, ast.Attribute) and node.func.attr in GROWING_METHODS
+                and any(self.carries(a) for a in [*node.args, *(k.value for k in node.keywords)])):
+            self._bind(node.func.value, True)                   # times.append(measured)
+        if _dotted(node.func) in ("print", "display"):
+            for arg in node.args:
+                if self.carries(arg):
+                    self.found.append((arg.lineno, ast.unparse(arg)))
+        self.generic_visit(node)
+
+    def cell(self, source):
+        """Visit one cell's source; return where it shows a measured value."""
+        self.found = []
+        lines = [line for line in source.splitlines() if not line.lstrip().startswith(("%", "!"))]
+        try:
+            tree = ast.parse("\n".join(lines))
+        except SyntaxError:
+            return []
+        self.visit(tree)
+        last = tree.body[-1].value if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        shown_by_print = isinstance(last, ast.Call) and _dotted(last.func) in ("print", "display")
+        if last is not None and not shown_by_print and self.carries(last):     # the cell's value
+            self.found.append((last.lineno, ast.unparse(last)))
+        return self.found
+
+
+def measured_prints(sources):
+    """For the code cells' sources of one notebook, in order: per cell, the (line, expression)
+    pairs where it shows a value measured by a gradient check, a clock or the allocator."""
+    tracker = _MeasuredPrints()
+    return [tracker.cell(src) for src in sources]
+
+
 def notebook_problems(nb, size=0):
     """Return a list of readable problems of one notebook, given as a dict (nbformat 4 JSON)."""
     problems = []
@@ -59,6 +223,7 @@ def notebook_problems(nb, size=0):
         problems.append(f"execution counts are {counts}, not 1..{len(counts)}: the notebook was "
                         "not run top to bottom in one fresh kernel; run `make execute NB=...`")
     with_output = ignored = 0
+    shown = measured_prints([_text(c.get("source", "")) for c in code])
     for i, cell in enumerate(code):
         src = _text(cell.get("source", ""))
         if "NBVAL_SKIP" in src:
@@ -72,6 +237,11 @@ def notebook_problems(nb, size=0):
         if outputs:
             with_output += 1
             ignored += "NBVAL_IGNORE_OUTPUT" in src
+        if outputs and "NBVAL_IGNORE_OUTPUT" not in src:
+            for line, expr in shown[i]:
+                problems.append(f"code cell {i}, line {line}: nbval compares {expr!r}, a value measured "
+                                f"by a gradient check, a clock or the allocator, which differs on "
+                                f"another CPU: {MEASURED_PRINT_HINT}")
         for out in outputs:
             if out.get("output_type") == "error":
                 problems.append(f"code cell {i}: stored error output "
@@ -166,3 +336,76 @@ def test_checker_flags_each_problem(spoil, expected):
 def test_checker_flags_a_large_notebook():
     problems = notebook_problems(_good_notebook(), size=MAX_BYTES + 1)
     assert any("over the" in p for p in problems), problems
+
+
+# --- the measured-value check: it must flag each way a measured number reaches nbval ------------
+
+def _notebook(*sources):
+    """A notebook executed top to bottom, each cell with one line of output."""
+    return {"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [
+        _cell(src, i + 1, [_stream("x\n")]) for i, src in enumerate(sources)]}
+
+
+@pytest.mark.parametrize("sources", [
+    ["err = check_kernel(f, b, [x])\nassert err < 1e-7\nprint(f'max error {err:.1e}')"],
+    ["errs = check_module(m, x)", "print(f'worst {max(errs.values()):.1e}')"],     # a later cell
+    ["errs = check_module(m, x)\nworst = max(errs, key=errs.get)\nprint(f'worst array: {worst}')"],
+    ["err = check_kernel(f, b, [x])\nerr"],                                        # the last value
+    ["check_module(m, x)"],
+    ["errs = {}\nerrs[k] = check_kernel(f, b, [x])", "errs[k] = 0.0\nprint(errs)"],  # stays measured
+    ["from tformer.gradcheck import check_kernel as ck\ne = ck(f, b, [x])\nprint('%.1e' % e)"],
+    ["t0 = time.perf_counter()\nrun()\nprint(f'{time.perf_counter() - t0:.2f} s')"],
+    ["times = []\nfor _ in range(3):\n    times.append(timeit.timeit(run, number=1))\nprint(min(times))"],
+    ["def cpu_time(fn):\n    t = time.thread_time()\n    fn()\n    return time.thread_time() - t",
+     "ms = {n: cpu_time(fn) * 1e3 for n, fn in fns.items()}",
+     "print(', '.join(f'{k} {v:.1f} ms' for k, v in ms.items()))"],
+    ["print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)"],
+])
+def test_checker_flags_a_measured_value_that_nbval_compares(sources):
+    problems = notebook_problems(_notebook(*sources))
+    assert any("a value measured" in p for p in problems), problems
+    marked = [s if i < len(sources) - 1 else f"# NBVAL_IGNORE_OUTPUT\n# (measured)\n{s}"
+              for i, s in enumerate(sources)]
+    problems = notebook_problems(_notebook(*marked))
+    assert not any("a value measured" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("sources", [
+    ["err = check_kernel(f, b, [x])\nassert err < 1e-7\nprint(f'below 1e-7: {err < 1e-7}')"],
+    ["errs = check_module(m, x)\nprint(f'{len(errs)} arrays, all below 1e-6: {max(errs.values()) < 1e-6}')"],
+    ["err = check_kernel(f, b, [x])", "err = 0.5\nprint(f'{err:.1f}')"],          # rebound
+    ["err = check_kernel(f, b, [x])", "try:\n    g()\nexcept ValueError as err:\n    print(err)"],
+    ["def cpu(f):\n    t = time.thread_time()\n    f()\n    return time.thread_time() - t",
+     "t = [cpu(f) for f in fs]\nax.plot(t, label=f'slope {slope(t):.2f}')\nplt.show()"],  # a figure
+    ["loss = train(model)\nprint(f'{loss:.4f}')"],  # a trained loss: left to make test-nbval-other
+    ["rng = np.random.default_rng(0)\nx = np.repeat(rng.standard_normal(3), 2)\nprint(x)"],
+])
+def test_checker_accepts_stable_prints(sources):
+    problems = notebook_problems(_notebook(*sources))
+    assert not any("a value measured" in p for p in problems), problems
+
+
+# --- tools/other_arithmetic.py: which arithmetic `make test-nbval-other` forces -------------------
+
+def _other_arithmetic():
+    spec = importlib.util.spec_from_file_location("other_arithmetic", ROOT / "tools" / "other_arithmetic.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("native, forced", [
+    ("SapphireRapids", "Sandybridge"), ("SkylakeX", "Sandybridge"), ("Haswell", "Sandybridge"),
+    ("Zen", "Sandybridge"), ("Sandybridge", "Nehalem"), ("Excavator", "Nehalem"),
+    ("Nehalem", "Core2"), ("Penryn", "Prescott"), ("Prescott", None), ("Opteron", None),
+    ("ARMV8", None), ("NeoverseN1", None),
+])
+def test_other_arithmetic_goes_downward_only(native, forced):
+    assert _other_arithmetic().lower_core(native) == forced
+
+
+def test_other_arithmetic_skips_where_it_cannot_force(monkeypatch):
+    tool = _other_arithmetic()
+    monkeypatch.setattr(tool.platform, "machine", lambda: "aarch64")
+    env, reason, _ = tool.choose({})
+    assert env is None and "aarch64" in reason
