@@ -69,41 +69,45 @@ def describe(env):
 
 def lower_core(core):
     """The kernel set to force below `core`, or None if this script knows none below it."""
-    rung = LADDER.index(SAME_AS.get(core, core)) if SAME_AS.get(core, core) in LADDER else None
+    rungs = {name.lower(): i for i, name in enumerate(LADDER)}
+    rungs |= {name.lower(): rungs[same.lower()] for name, same in SAME_AS.items()}
+    rung = rungs.get(str(core).lower())
     if rung is None or rung == 0:
         return None
     return TARGET if rung >= LADDER.index("Haswell") else LADDER[rung - 1]
 
 
 def choose(base_env):
-    """(forced environment, description, brief) or (None, reason for skipping, reason)."""
+    """(forced environment, description, a few words), or (None, why nothing is forced, None)."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
-        return None, (f"this is a {platform.machine()} CPU: the forced kernel sets of this check "
+        return None, (f"the CPU is {platform.machine()}, and the kernel sets this check forces "
                       "are x86-64 ones"), None
     native_env = {k: v for k, v in base_env.items() if k not in FORCED_VARS}
     native = probe(native_env)
     if native["blas"] != "openblas":
-        return None, f"NumPy's BLAS here is {native['blas']!r}, not OpenBLAS: no kernel set to force", None
+        return None, f"NumPy's BLAS is {native['blas']!r}, not OpenBLAS: no kernel set to force", \
+            None
     core = lower_core(native["core"])
     if core is None:
         return None, (f"OpenBLAS runs kernel set {native['core']!r} here, and this check knows "
                       "no older one to force below it"), None
-    env = dict(native_env, OPENBLAS_CORETYPE=core)     # NumPy: every dispatch target above baseline
-    if native["dispatched"]:
+    env = dict(native_env, OPENBLAS_CORETYPE=core)
+    if native["dispatched"]:                          # NumPy: every dispatch target above baseline off
         env["NPY_DISABLE_CPU_FEATURES"] = " ".join(native["dispatched"])
     forced = probe(env)
     if forced["core"] != core or forced["dispatched"]:
         raise RuntimeError(f"forcing {describe(env)} did not take effect: OpenBLAS chose "
                            f"{forced['core']!r}, NumPy still dispatches {forced['dispatched']}")
-    numpy_part = (f"NumPy's baseline {'+'.join(native['baseline'])} instead of "
-                  f"{'+'.join(native['dispatched'])}" if native["dispatched"]
-                  else f"NumPy's baseline {'+'.join(native['baseline'])}, as natively")
-    return env, (f"OpenBLAS kernel set {core} instead of the native {native['core']}, {numpy_part} "
-                 f"({describe(env)})"), f"OpenBLAS {core}, NumPy {'+'.join(native['baseline'])}"
+    baseline = "+".join(native["baseline"])
+    numpy_part = (f"NumPy's baseline {baseline} instead of {'+'.join(native['dispatched'])}"
+                  if native["dispatched"] else f"NumPy's baseline {baseline}, as natively")
+    return (env, f"OpenBLAS kernel set {core} instead of the native {native['core']}, {numpy_part} "
+                 f"({describe(env)})", f"OpenBLAS {core}, NumPy {baseline}")
 
 
 def main(argv):
-    options, command = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    split = argv.index("--") if "--" in argv else len(argv)
+    options, command = argv[:split], argv[split + 1:]
     if ("--" in argv and not command) or set(options) - {"--brief"}:
         sys.exit("usage: other_arithmetic.py [--brief] [-- COMMAND ARGS...]")
     env, text, brief = choose(dict(os.environ))
