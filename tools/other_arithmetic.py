@@ -92,17 +92,20 @@ def choose(base_env):
         return None, (f"OpenBLAS runs kernel set {native['core']!r} here, and this check knows "
                       "no older one to force below it"), None
     env = dict(native_env, OPENBLAS_CORETYPE=core)
-    if native["dispatched"]:                          # NumPy: every dispatch target above baseline off
+    if native["dispatched"]:                          # NumPy: its dispatch targets above baseline
         env["NPY_DISABLE_CPU_FEATURES"] = " ".join(native["dispatched"])
     forced = probe(env)
-    if forced["core"] != core or forced["dispatched"]:
+    # OpenBLAS falls back to the native kernels for a name it does not know, and may run a kernel
+    # set it has no build of under another name (Core2 as "Katmai"): what counts is that it changed.
+    if forced["core"] == native["core"] or forced["dispatched"]:
         raise RuntimeError(f"forcing {describe(env)} did not take effect: OpenBLAS chose "
                            f"{forced['core']!r}, NumPy still dispatches {forced['dispatched']}")
+    chosen = forced["core"] if forced["core"] == core else f"{forced['core']} (for {core})"
     baseline = "+".join(native["baseline"])
     numpy_part = (f"NumPy's baseline {baseline} instead of {'+'.join(native['dispatched'])}"
                   if native["dispatched"] else f"NumPy's baseline {baseline}, as natively")
-    return (env, f"OpenBLAS kernel set {core} instead of the native {native['core']}, {numpy_part} "
-                 f"({describe(env)})", f"OpenBLAS {core}, NumPy {baseline}")
+    text = f"OpenBLAS kernel set {chosen} instead of the native {native['core']}, {numpy_part}"
+    return env, f"{text} ({describe(env)})", f"OpenBLAS {chosen}, NumPy {baseline}"
 
 
 def main(argv):
