@@ -3,6 +3,9 @@
 Oracles: float64 central differences for every parameter (and the input), the sinusoidal formula
 written out with ``math.sin`` / ``math.cos``, the split/merge reshapes as exact permutations, and
 PyTorch's ``nn.TransformerEncoderLayer`` (post-LN, ReLU) in float64 when torch is installed.
+The last section checks the claims of chapter 12's "What the published code computes": the seed's
+script's weight gradient is rejected by a gradient check, and a tensor whose gradient is always 0
+never moves under Adam.
 """
 import json
 import math
@@ -15,9 +18,10 @@ from tformer.__main__ import main as cli_main
 from tformer.blocks import PostNormBlock
 from tformer.data.reconstruction import (ReconstructionData, forward_loss, mse, per_token_error,
                                          standardize_rows)
-from tformer.gradcheck import check_module
+from tformer.gradcheck import check_kernel, check_module
 from tformer.layers import SinusoidalPositions
 from tformer.models.encoder import Encoder
+from tformer.optim import Adam
 from tformer.runs.encoder import HEADLINE_MSE, run
 
 
@@ -324,3 +328,89 @@ def test_cli_prints_the_final_mse_and_crossing(capsys):
     assert "final MSE (training set, after epoch 2)" in out
     assert "held-out MSE" in out and "wall time" in out
     assert "never reached 0.0043" in out or "first <= 0.0043" in out
+
+
+# ---------------------------------------------------------------- the published script's defects
+
+OUTPUT_LN = "blocks.1.ln2."
+
+
+def _seed_003_weight_grad(dy, cache):
+    """The weight gradient of seed 003's published script, as a NEGATIVE example: xᵀ of shape
+    (B, d_in, T) reshaped straight to (d_in, B·T), then divided by B. dx and db are tformer's."""
+    x, W, _ = cache
+    B, T, d_in = x.shape
+    dW = x.transpose(0, 2, 1).reshape(d_in, B * T) @ dy.reshape(B * T, -1) / B
+    dx, _, db = F.linear_backward(dy, cache)
+    return dx, dW, db
+
+
+def _linear_case(B, seed):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((B, 4, 5)), rng.standard_normal((5, 6)), rng.standard_normal(6)]
+
+
+def test_linear_weight_grad_sums_over_every_token_of_every_sequence():
+    """dW = Σ_b x_bᵀ dy_b; the seed's reshape is another matrix for B > 1, not a multiple of it."""
+    x, W, b = _linear_case(4, 20)
+    y, cache = F.linear_forward(x, W, b)
+    dy = np.random.default_rng(21).standard_normal(y.shape)
+    dW = F.linear_backward(dy, cache)[1]
+    assert np.allclose(dW, sum(x[i].T @ dy[i] for i in range(4)), rtol=1e-12, atol=1e-12)
+    seed = _seed_003_weight_grad(dy, cache)[1] * 4                  # undo the division by B
+    cos = np.vdot(seed, dW) / (np.linalg.norm(seed) * np.linalg.norm(dW))
+    assert abs(cos) < 0.9 and not np.allclose(seed, dW)
+
+
+@pytest.mark.parametrize("B", [2, 3, 8])
+def test_gradcheck_rejects_the_seed_003_weight_gradient(B):
+    inputs = _linear_case(B, B)
+    assert check_kernel(F.linear_forward, _seed_003_weight_grad, inputs, wrt=[1]) > 0.5
+    assert check_kernel(F.linear_forward, F.linear_backward, inputs, wrt=[1]) < 1e-7
+
+
+def test_the_seed_003_weight_gradient_passes_with_one_sequence():
+    """For B = 1 the reshape is the right matrix: a test with one sequence cannot see the bug."""
+    inputs = _linear_case(1, 1)
+    assert check_kernel(F.linear_forward, _seed_003_weight_grad, inputs, wrt=[1]) < 1e-7
+
+
+def _train_output_ln_only(model, x, steps, lr):
+    """Seed 003's script in miniature: every gradient but the output LayerNorm's reads as 0."""
+    opt = Adam(model, lr=lr)
+    for _ in range(steps):
+        model.zero_grad()
+        _, dy = forward_loss(model, x)
+        model.backward(dy)
+        for name, _, grad in model.named_parameters():
+            if not name.startswith(OUTPUT_LN):
+                grad[...] = 0.0
+        opt.step()
+    return forward_loss(model, x)[0]
+
+
+def test_a_tensor_whose_gradient_is_always_zero_never_moves():
+    """Adam with g = 0 keeps m = v = 0 and moves by 0/(0 + ε) = 0: only the output LN changes."""
+    model, x = tiny(), inputs()
+    init = {name: p.copy() for name, p, _ in model.named_parameters()}
+    _train_output_ln_only(model, x, steps=5, lr=1e-2)
+    moved = [name for name, p, _ in model.named_parameters() if not np.array_equal(p, init[name])]
+    assert moved == [OUTPUT_LN + "gamma", OUTPUT_LN + "beta"]
+
+
+def test_output_ln_only_training_stays_above_the_least_squares_floor():
+    """With x̂ fixed, min over γ, β of the MSE is a per-feature straight-line fit (np.linalg.lstsq);
+    the chapter's closed form Var(x_j)(1 − ρ_j²) agrees with it, and training reaches it, not below."""
+    model, x = tiny(), inputs(B=4, T=6)
+    xhat = model.forward(x).reshape(-1, 8)                   # γ = 1, β = 0 at initialisation
+    xt = x.reshape(-1, 8)
+    lstsq = np.mean([np.linalg.lstsq(np.c_[xhat[:, j], np.ones(len(xt))], xt[:, j], rcond=None)[1][0]
+                     for j in range(8)]) / len(xt)
+    xc, tc = xhat - xhat.mean(axis=0), xt - xt.mean(axis=0)
+    rho = (xc * tc).mean(axis=0) / (xc.std(axis=0) * tc.std(axis=0))
+    floor = np.mean(xt.var(axis=0) * (1 - rho ** 2))
+    assert abs(floor - lstsq) < 1e-12 * lstsq
+    start = np.mean((xhat - xt) ** 2)
+    final = _train_output_ln_only(model, x, steps=300, lr=3e-2)
+    assert floor * (1 - 1e-9) <= final < floor + 0.01 * (start - floor)   # reaches it, not below
+
