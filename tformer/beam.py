@@ -33,8 +33,11 @@ def log_softmax(z):
     return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
 
 
-def _check(prompt, beam_width, max_new_tokens, alpha):
+def _check(prompt, beam_width, max_new_tokens, alpha, max_len=None):
     int_array("prompt", prompt, ndim=2)
+    if prompt.shape[0] < 1 or prompt.shape[1] < 1:
+        raise ValueError(f"prompt: expected at least one row of at least one token, got shape "
+                         f"{prompt.shape}")
     if isinstance(beam_width, bool) or not isinstance(beam_width, (int, np.integer)) or beam_width < 1:
         raise ValueError(f"beam_width: expected an integer ≥ 1, got {beam_width!r}")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) \
@@ -42,6 +45,12 @@ def _check(prompt, beam_width, max_new_tokens, alpha):
         raise ValueError(f"max_new_tokens: expected an integer ≥ 1, got {max_new_tokens!r}")
     if not (np.isfinite(alpha) and alpha >= 0):
         raise ValueError(f"length_penalty: expected a finite α ≥ 0, got {alpha!r}")
+    T0 = prompt.shape[1]
+    if max_len is not None and T0 + max_new_tokens - 1 > max_len:
+        raise ValueError(f"prompt, max_new_tokens: beam search feeds up to T0 + max_new_tokens − 1 "
+                         f"= {T0} + {max_new_tokens} − 1 = {T0 + max_new_tokens - 1} positions, "
+                         f"more than the model's max_len = {max_len}; shorten the prompt or "
+                         f"generate fewer tokens (beam search does not crop, unlike greedy)")
 
 
 def beam_search(model, prompt, beam_width, max_new_tokens, length_penalty=0.0, stop_token=None,
@@ -55,10 +64,13 @@ def beam_search(model, prompt, beam_width, max_new_tokens, length_penalty=0.0, s
     (for α ≥ 0 a live s can only fall, and s / lp(L) ≤ s / lp(max_new_tokens)).
     ``prompt: (B, T0)`` ints -> ``(B, T0 + L_max)`` ints; with ``return_scores`` also the (B,)
     normalised scores. The model runs in eval mode; its mode is restored afterwards. Every step
-    recomputes the whole prefix (no KV cache), so T0 + max_new_tokens − 1 must fit the model.
+    recomputes the whole prefix (no KV cache), so T0 + max_new_tokens − 1 must fit the model's
+    ``max_len``: a longer prompt is not cropped (unlike ``greedy``; scores over a sliding window
+    would not be the s(y) above) but refused with a ValueError before any work, as is an empty
+    prompt (B = 0 or T0 = 0).
     """
     alpha = float(length_penalty)
-    _check(prompt, beam_width, max_new_tokens, alpha)
+    _check(prompt, beam_width, max_new_tokens, alpha, getattr(model, "max_len", None))
     B, T0 = prompt.shape
     k, L = int(beam_width), int(max_new_tokens)
     fill = stop_token if stop_token is not None else 0

@@ -11,6 +11,7 @@ import json
 import os
 import tempfile
 import zipfile
+import zlib
 
 import numpy as np
 
@@ -63,19 +64,58 @@ def write_npz(path, arrays):
 
 def read_npz(path):
     """``(meta, arrays)``: the JSON ``meta`` and every other array of the ``.npz`` at ``path``, all
-    read (so every member's CRC-32 is checked). A missing file raises FileNotFoundError; a file that
-    is not such an archive (truncated, corrupt, another format) raises ValueError naming it."""
+    read (so every member's CRC-32 is checked).
+
+    A missing file raises FileNotFoundError. Anything else that is not a checkpoint raises a
+    ValueError that names the file and says what is wrong with it: not a zip archive (truncated,
+    or another format), a member that is corrupt or cut short, a member holding pickled Python
+    objects (refused before it is read: unpickling can run arbitrary code, and a checkpoint holds
+    only numeric arrays and one JSON string), or no JSON ``meta`` entry."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"path: no checkpoint at {path!r}")
+    if os.path.isdir(path):
+        raise ValueError(f"path: {path!r} is a folder, not a checkpoint file")
+    where = f"path: {path!r} is not a readable checkpoint"
+    if not zipfile.is_zipfile(path):
+        raise ValueError(f"{where}: it is not a zip (.npz) archive; the file is truncated (its "
+                         f"size is {os.path.getsize(path)} bytes) or in another format")
     try:
+        with zipfile.ZipFile(path) as zf:
+            for name in zf.namelist():
+                _refuse_objects(zf, name, where)
         with np.load(path, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
+    except (zipfile.BadZipFile, EOFError, OSError, zlib.error) as e:
+        raise ValueError(f"{where}: a member is corrupt or cut short ({type(e).__name__}: {e})") from e
+    except ValueError as e:
+        if str(e).startswith("path: "):
+            raise
+        raise ValueError(f"{where}: a member is not a NumPy array ({e})") from e
+    if "meta" not in arrays:
+        raise ValueError(f"{where}: it has no 'meta' entry (members: {sorted(arrays)[:8]})")
+    try:
         meta = json.loads(str(arrays.pop("meta")))
-        if not isinstance(meta, dict):
-            raise ValueError("meta is not a JSON object")
-    except (zipfile.BadZipFile, OSError, EOFError, KeyError, ValueError) as e:
-        raise ValueError(f"path: {path!r} is not a readable checkpoint ({type(e).__name__}: {e})") from e
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: its 'meta' entry is not JSON ({e})") from e
+    if not isinstance(meta, dict):
+        raise ValueError(f"{where}: its 'meta' entry is JSON but not an object "
+                         f"(got {type(meta).__name__})")
     return meta, arrays
+
+
+def _refuse_objects(zf, name, where):
+    """Read the ``.npy`` header of member ``name`` (not its data) and refuse an object dtype."""
+    with zf.open(name) as f:
+        try:
+            version = np.lib.format.read_magic(f)
+            header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                      else np.lib.format.read_array_header_2_0)(f)
+        except ValueError as e:
+            raise ValueError(f"{where}: member {name!r} is not a NumPy array ({e})") from e
+    if header[2].hasobject:
+        raise ValueError(f"{where}: member {name!r} holds pickled Python objects (dtype "
+                         f"{header[2]}); they are never loaded, since unpickling can run "
+                         f"arbitrary code, and a checkpoint holds only numeric arrays and JSON")
 
 
 def read_checkpoint(path):

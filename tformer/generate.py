@@ -61,6 +61,14 @@ def _rng_of(seed, rng):
     return np.random.default_rng(seed)
 
 
+def _check_temperature(temperature):
+    """τ is a finite number ≥ 0 (NaN or ∞ would turn every probability into NaN or a tie)."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float, np.integer, np.floating)):
+        raise TypeError(f"temperature: expected a number ≥ 0, got {type(temperature).__name__}")
+    if not (np.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"temperature: expected a finite number ≥ 0, got {temperature}")
+
+
 def sample_from_logits(logits, rng, temperature=1.0, top_k=None, top_p=None):
     """One token per row from ``softmax(filter(z / temperature))``; ``temperature=0`` is argmax.
 
@@ -68,8 +76,7 @@ def sample_from_logits(logits, rng, temperature=1.0, top_k=None, top_p=None):
     per row, ``u ~ U[0, total)``: token v is taken when cdf_{v−1} ≤ u < cdf_v, which is impossible
     for a filtered token (its probability, hence its step of the CDF, is exactly 0).
     """
-    if temperature < 0:
-        raise ValueError(f"temperature: expected ≥ 0, got {temperature}")
+    _check_temperature(temperature)
     z = logits.astype(np.float64)
     if top_k is not None:
         z = top_k_filter(z, top_k)
@@ -90,6 +97,8 @@ def sample_from_logits(logits, rng, temperature=1.0, top_k=None, top_p=None):
 def _decode(model, prompt, max_new_tokens, pick, stop_token=None, use_cache=True):
     """Append ``max_new_tokens`` tokens chosen by ``pick(last_logits: (B, V)) -> (B,)``."""
     int_array("prompt", prompt, ndim=2)
+    if prompt.shape[0] < 1:
+        raise ValueError(f"prompt: expected at least one row (B ≥ 1), got shape {prompt.shape}")
     if prompt.shape[1] < 1:
         raise ValueError(f"prompt: expected at least one token per row, got shape {prompt.shape}")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) \
@@ -134,6 +143,8 @@ def greedy(model, prompt, max_new_tokens, stop_token=None, use_cache=True):
     Shapes: ``prompt: (B, T0)`` ints -> ``(B, T0 + max_new_tokens)`` (fewer if every row emitted
     ``stop_token``). Uses the model's KV cache when it has one (``use_cache=False``: full
     recomputation at every step). Runs the model in eval mode and restores its mode afterwards.
+    A prompt longer than the model's ``max_len`` is allowed: only its last ``max_len`` tokens are
+    fed (see the module docstring). An empty prompt (B = 0 or T0 = 0) raises ValueError.
     """
     return _decode(model, prompt, max_new_tokens, lambda z: z.argmax(axis=-1), stop_token, use_cache)
 
@@ -142,15 +153,16 @@ def sample(model, prompt, max_new_tokens, temperature=1.0, top_k=None, top_p=Non
            stop_token=None, use_cache=True):
     """x_{t+1} ~ softmax(filter(logits(x_{≤t}) / temperature)), appended ``max_new_tokens`` times.
 
-    ``temperature``: > 1 flattens, < 1 sharpens, 0 is greedy. ``top_k``: only the k most likely
+    ``temperature``: > 1 flattens, < 1 sharpens, 0 is greedy: the argmax at every step, so the
+    same tokens as ``greedy`` (``top_k`` and ``top_p`` then change nothing, since the argmax is
+    always kept, and no random number is drawn); NaN, ∞ or < 0 raise ValueError. ``top_k``: only the k most likely
     tokens; ``top_p``: only the nucleus of mass ``p`` (applied after the temperature, as in
     Hugging Face's ``generate``). The draws come from ``rng`` or, if none, from
     ``np.random.default_rng(seed)``: a fixed seed gives the same text.
     Shapes: ``prompt: (B, T0)`` ints -> ``(B, T0 + max_new_tokens)``.
     """
     gen = _rng_of(seed, rng)
-    if temperature < 0:
-        raise ValueError(f"temperature: expected ≥ 0, got {temperature}")
+    _check_temperature(temperature)
 
     def pick(z):
         return sample_from_logits(z, gen, temperature, top_k, top_p)

@@ -244,7 +244,8 @@ def _split_axis(q):
     independent set of heads. A 2-D call (no batch axis) is one item."""
     if q.ndim < 3:
         return 1, 1
-    return q.shape[0], parallel.grain_for(q[0].size * 8)   # ~8 elements touched per element of q
+    # q[0].size would index an empty batch: the size of one item is the product of the other axes
+    return q.shape[0], parallel.grain_for(math.prod(q.shape[1:]) * 8)   # ~8 touched per element of q
 
 
 def _items(lo, hi, ndim):

@@ -32,6 +32,8 @@ def _softmax_inplace(x):
     back into ``x``: a sum of n terms rounded to 11 significant bits at every step can be off by
     about n·2⁻¹¹ of itself.
     """
+    if x.size == 0:                 # no rows, or rows of length 0: nothing to normalise
+        return x
     if is_low(x.dtype):
         np.copyto(x, _softmax_inplace(x.astype(np.float32)), casting="same_kind")
         return x

@@ -78,9 +78,17 @@ class TinyGPT(Module):
 
     def forward(self, tokens, kv_caches=None):
         """tokens: (B, T) -> logits (B, T, V). With ``kv_caches`` (one per block, inference only) the
-        tokens are the new positions that follow those already in the caches."""
+        tokens are the new positions that follow those already in the caches.
+
+        An empty batch (B = 0) or empty sequences (T = 0) raise ValueError: there is nothing to
+        predict, and a mean loss over zero targets would be NaN. ``start + T`` positions (start =
+        those already cached) must fit ``max_len``, else ValueError; ``tformer.generate`` crops a
+        longer context on the left before it calls this."""
         int_array("tokens", tokens, ndim=2)
         B, T = tokens.shape
+        if B == 0 or T == 0:
+            raise ValueError(f"tokens: expected at least one sequence (B ≥ 1) of at least one token "
+                             f"(T ≥ 1), got shape {tokens.shape}")
         start = kv_caches[0].t if kv_caches else 0
         if start + T > self.max_len:
             raise ValueError(f"tokens: {start + T} positions exceed max_len = {self.max_len}")
