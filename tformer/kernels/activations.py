@@ -36,9 +36,14 @@ def relu_backward(dy, cache):
 def sigmoid_forward(x):
     """σ(x) = 1 / (1 + e^{−x}), computed as ½(1 + tanh(x/2)), which never overflows.
 
-    Shapes: ``x: (...)`` -> ``y: (...)``. Returns ``y, cache``.
+    Shapes: ``x: (...)`` -> ``y: (...)``, in x's dtype. Returns ``y, cache``.
+    float16/bfloat16: computed in float32 and rounded once (bfloat16 times a Python float is
+    float32 in ml_dtypes, which silently upcast y before).
     """
     float_array("x", x)
+    if is_low(x.dtype):
+        y = sigmoid_forward(x.astype(np.float32))[0].astype(x.dtype)
+        return y, y
     y = np.tanh(x * 0.5)
     y += 1
     y *= 0.5

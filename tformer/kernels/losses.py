@@ -12,7 +12,8 @@ def mse_loss(y, target, reduction="mean"):
     ``reduction="mean"`` (seed 003): L = ‖y − t‖² / N, dL/dy = 2(y − t)/N, N = y.size (B·T·d).
     ``reduction="half_sum"`` (seeds 000/001): L = ½‖y − t‖², dL/dy = y − t.
     ``reduction="sum"``: L = ‖y − t‖², dL/dy = 2(y − t).
-    Shapes: ``y, target: (...)`` the same  ->  ``(loss: float, dy: like y)``.
+    Shapes: ``y, target: (...)`` the same  ->  ``(loss: float, dy: like y)``. Empty arrays: 0 for
+    the two sums; ValueError for the mean.
     float16/bfloat16 input: computed in float32, and ``dy`` is returned in float32 (see
     ``cross_entropy``).
     """
@@ -22,6 +23,9 @@ def mse_loss(y, target, reduction="mean"):
         raise ValueError(f"target: expected shape {y.shape} (from y), got {target.shape}")
     if is_low(y.dtype) or is_low(target.dtype):
         return mse_loss(y.astype(np.float32), target.astype(np.float32), reduction)
+    if reduction == "mean" and y.size == 0:
+        raise ValueError(f"y: reduction='mean' needs at least one element (a mean over none is "
+                         f"undefined), got shape {y.shape}; 'sum' and 'half_sum' give 0")
     diff = y - target
     sq = float(np.vdot(diff, diff))
     if reduction == "mean":
@@ -43,7 +47,8 @@ def cross_entropy(logits, targets, ignore_index=None):
     N counts the targets that are not ``ignore_index`` (padding): ignored positions add nothing to
     the loss and get a zero gradient. Softmax and log are fused: log p = z − m − log Σ e^{z − m},
     so logits of ±1e4 give a finite loss, and the gradient p − onehot never divides by a tiny p.
-    If every target is ignored, the loss is 0.0 and the gradient is zero.
+    If every target is ignored (or there are none: ``logits: (0, V)``), the loss is 0.0 and the
+    gradient is zero.
     Shapes: ``logits: (..., V)``, ``targets: (...)`` integers in [0, V)  ->  ``(loss: float, dlogits: like logits)``.
     float16/bfloat16 logits: the loss is computed in float32 and ``dlogits`` is returned in float32.
     Its entries are about p/N, far below float16's smallest normal number for N in the thousands:
