@@ -158,7 +158,7 @@ def _group(a, G):
     """(..., H, T, ·) -> (..., H/G, G, T, ·): the head axis split in two, always a view (never a copy,
     so that results written into it land in ``a``)."""
     g = a.reshape(*a.shape[:-3], a.shape[-3] // G, G, *a.shape[-2:])
-    if not np.may_share_memory(g, a):                     # splitting one axis never copies
+    if a.size and not np.may_share_memory(g, a):          # splitting one axis never copies
         raise RuntimeError("_group: the reshape copied")
     return g
 

@@ -1,4 +1,5 @@
 """Rotary position embedding (RoPE): each pair of channels rotated by an angle that grows with the position."""
+import math
 import numbers
 
 import numpy as np
@@ -110,4 +111,5 @@ def _rotate(x, cos, sin, out):
         out[at][..., 1::2] = odd
 
     items = x.shape[0] if x.ndim > 2 else 1
-    parallel.parallel_for(part, items, grain=parallel.grain_for(x[0].size * 4 if x.ndim > 2 else x.size))
+    parallel.parallel_for(part, items, grain=parallel.grain_for(
+        math.prod(x.shape[1:]) * 4 if x.ndim > 2 else x.size))   # not x[0]: x may be empty

@@ -1,4 +1,6 @@
 """The SwiGLU gate: silu(a) ⊙ b, the product at the heart of the gated feed-forward network."""
+import math
+
 import numpy as np
 
 from .. import parallel
@@ -11,7 +13,7 @@ def _split(fn, x):
         fn(Ellipsis)
         return
     parallel.parallel_for(lambda lo, hi: fn(slice(lo, hi)), x.shape[0],
-                          grain=parallel.grain_for(x[0].size * 4))
+                          grain=parallel.grain_for(math.prod(x.shape[1:]) * 4))   # x[0]: empty x
 
 
 def swiglu_forward(a, b):
@@ -63,7 +65,7 @@ def swiglu_backward(dy, cache, out=None):
 
     def part(at):
         s, av, dyv = sig[at], a[at], dy[at]
-        t = np.multiply(av, s)                           # silu(a)
+        t = np.multiply(av, s, out=np.empty_like(s))     # silu(a) (an array even when 0-d)
         np.multiply(dyv, t, out=db[at])                  # db = dy ⊙ silu(a)
         np.subtract(av, t, out=t)                        # a − a σ(a) = a(1 − σ(a))
         t += 1
