@@ -6,7 +6,9 @@
 # On a fresh machine with Python 3.11 and make, `make book` and `make test` do all of the setup.
 #
 #   make book        build the site into _build/html (any warning fails the build)
-#   make test        test-unit, test-nbval, test-nbval-other, book; then each one's result and time
+#   make test        test-unit, test-nbval, test-nbval-other, book, check-links; then each one's
+#                    result and time
+#   make check-links internal links and anchors of the built site (_build/html) all lead somewhere
 #   make test-unit   pytest tests (unit tests and the notebook hygiene check)
 #   make test-nbval  nbval: re-run every notebook and compare with its stored outputs
 #   make test-nbval-other  nbval again, under an older CPU's floating-point arithmetic
@@ -56,11 +58,11 @@ $(NOTEBOOK_TARGETS): export PYTHONHASHSEED := 0
 $(NOTEBOOK_TARGETS): export JUPYTER_PREFER_ENV_PATH := 1
 $(NOTEBOOK_TARGETS): export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help venv book test test-unit test-nbval test-nbval-other execute serve lab torch run \
+.PHONY: help venv book check-links test test-unit test-nbval test-nbval-other execute serve lab torch run \
 	bench clean
 
 help:
-	@sed -n '3,20p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,22p' Makefile | sed 's/^# \{0,1\}//'
 
 # --- environment -------------------------------------------------------------------------------
 
@@ -87,9 +89,17 @@ $(LAB_STAMP): requirements-lab.txt $(STAMP)
 
 # --- the book ----------------------------------------------------------------------------------
 
+# viewcode rewrites a _modules page only when its module's file is newer than the page, so an old
+# page would miss the anchors of entries added to the API since: those pages are always remade.
 book: $(STAMP)
+	rm -rf _build/html/_modules
 	$(JB_BUILD)
 	@echo "book: $(CURDIR)/_build/html/index.html"
+
+# Internal links, anchors, API cross-references and [source] links of the built site (no download).
+check-links: $(STAMP)
+	@if [ ! -f _build/html/index.html ]; then $(MAKE) --no-print-directory book; fi
+	$(BIN)/python tools/check_links.py _build/html
 
 serve: $(STAMP)
 	@if [ ! -f _build/html/index.html ]; then $(MAKE) --no-print-directory book; fi
@@ -116,7 +126,7 @@ test-nbval-other: $(TEST_STAMP)
 # Runs every stage even when one fails, then prints each stage's result and wall-clock time.
 test: $(TEST_STAMP)
 	@failed=0; report=""; \
-	for stage in test-unit test-nbval test-nbval-other book; do \
+	for stage in test-unit test-nbval test-nbval-other book check-links; do \
 	  echo; echo "=== make $$stage"; \
 	  start=$$(date +%s); note=""; \
 	  if [ $$stage = test-nbval-other ]; then note="$$($(BIN)/python tools/other_arithmetic.py --brief)" || note="see the error above"; fi; \
