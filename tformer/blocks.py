@@ -3,6 +3,9 @@
 - ``ResidualBlock`` (seed 000): X̃ = X + MHA(X),  Y = X̃ + FFN(X̃);  no normalisation.
 - ``PostNormBlock`` (seeds 002, 003): Z = LN(X + MHA(X)),  O = LN(Z + FFN(Z)).
 - ``PreNormBlock`` (seed 004): X ← X + MHA(LN(X)),  X ← X + FFN(LN(X)).
+- ``PostNormGPTBlock`` (chapter 26): seed 004's block with the norms moved after the residual
+  sums, X ← LN(X + MHA(X)),  X ← LN(X + FFN(X)): the post-norm wiring of 002/003 with every
+  option of the modern block and the KV cache.
 
 Shapes: ``x: (B, T, C)`` -> ``(B, T, C)``. Each residual sum sends its gradient down both paths,
 so every backward adds the branch's input gradient to the skip connection's.
@@ -105,3 +108,27 @@ class PreNormBlock(Module):
         dx_in = self.ln1.backward(self.attn.backward(self.drop1.backward(dx)))
         dx_in += dx                                                     # dX of X + MHA(LN(X))
         return dx_in
+
+
+class PostNormGPTBlock(PreNormBlock):
+    """Z = N₁(X + MHA(X)),  O = N₂(Z + FFN(Z)): ``PreNormBlock`` with its norms after the sums.
+
+    The same layers, created in the same order (the same parameters from the same seed), and the
+    same keywords (norm, activation, n_kv_heads, rope, attention, KV cache); only the wiring moves.
+    Every path from the input to the output now crosses 2 norms per block: no identity path
+    remains, which is what makes the post-norm Transformer need its learning-rate warm-up.
+    """
+
+    def forward(self, x, mask=None, kv_cache=None):
+        h = self.drop1(self.attn(x, mask, kv_cache))                   # (B, T, C), fresh
+        h += x                                                          # X + MHA(X)
+        z = self.ln1(h)                                                 # Z = N₁(X + MHA(X))
+        out = self.drop2(self.ffn(z))                                   # (B, T, C), fresh
+        out += z                                                        # Z + FFN(Z)
+        return self.ln2(out)                                            # O = N₂(Z + FFN(Z))
+
+    def backward(self, dy):
+        da = self.ln2.backward(dy)                                      # ∂L/∂(Z + FFN(Z))
+        dz = self.ffn.backward(self.drop2.backward(da)) + da            # ∂L/∂Z: branch + skip
+        db = self.ln1.backward(dz)                                      # ∂L/∂(X + MHA(X))
+        return self.attn.backward(self.drop1.backward(db)) + db         # ∂L/∂X: branch + skip

@@ -12,12 +12,13 @@ import numpy as np
 from .. import functional as F
 from .._validate import int_array
 from ..attention import check_attention
-from ..blocks import PreNormBlock
+from ..blocks import PostNormGPTBlock, PreNormBlock
 from ..layers import Embedding, Linear, Module, ModuleList
 from ..modern_layers import NORMS, TiedLinear, norm_layer
 
 POSITIONS = ("learned", "sinusoidal", "rope")
 MLPS = ("gelu", "relu", "swiglu")
+NORM_POSITIONS = {"pre": PreNormBlock, "post": PostNormGPTBlock}
 
 
 class TinyGPT(Module):
@@ -37,6 +38,10 @@ class TinyGPT(Module):
     - ``tie_embeddings``: the LM head's weight is W_teᵀ (``TiedLinear``, keeping its bias b_lm);
       W_te's gradient then sums its two uses.
 
+    ``norm_position``: ``"pre"`` (seed 004: X ← X + f(N(X))) or ``"post"`` (seeds 002/003:
+    X ← N(X + f(X)), ``PostNormGPTBlock``; the final norm stays, so the parameters are the same
+    arrays from the same seed). Chapter 26 compares the two at a high learning rate.
+
     ``attention``: ``"plain"`` (the kernel of chapter 5, which stores the (B, H, T, T)
     probabilities) or ``"flash"`` (the online softmax of chapter 24: the same model and the same
     results up to rounding, in O(T) memory per head instead of O(T²)).
@@ -48,24 +53,28 @@ class TinyGPT(Module):
     def __init__(self, d_model=64, n_heads=1, n_layers=2, max_len=64, vocab_size=256, d_ff=None,
                  dropout=0.0, seed=0, dtype=np.float32,
                  norm="layernorm", positions="learned", mlp="gelu", n_kv_heads=None, tie_embeddings=False,
-                 attention="plain"):
+                 attention="plain", norm_position="pre"):
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         _check_modern(d_model, n_heads, norm, positions, mlp, n_kv_heads, tie_embeddings)
+        if not isinstance(norm_position, str) or norm_position not in NORM_POSITIONS:
+            raise ValueError(f"norm_position: expected one of {list(NORM_POSITIONS)}, got {norm_position!r}")
         check_attention(attention)
         self.config = dict(d_model=d_model, n_heads=n_heads, n_layers=n_layers, max_len=max_len,
                            vocab_size=vocab_size, d_ff=d_ff or 4 * d_model, dropout=dropout,
                            dtype=np.dtype(dtype).name,
                            norm=norm, positions=positions, mlp=mlp, n_kv_heads=int(n_kv_heads),
-                           tie_embeddings=bool(tie_embeddings), attention=attention)
+                           tie_embeddings=bool(tie_embeddings), attention=attention,
+                           norm_position=norm_position)
         self.rng = np.random.default_rng(seed)
         C = d_model
         self.wte = Embedding(vocab_size, C, self.rng, dtype, init_std=0.02)
         self.wpe = Embedding(max_len, C, self.rng, dtype, init_std=0.02) if positions == "learned" else None
         self.pe = F.sinusoidal_positions(max_len, C, dtype) if positions == "sinusoidal" else None
-        self.blocks = ModuleList(PreNormBlock(C, n_heads, d_ff or 4 * C, activation=mlp, dropout=dropout,
-                                              rng=self.rng, dtype=dtype, norm=norm, n_kv_heads=n_kv_heads,
-                                              rope=positions == "rope", attention=attention)
+        Block = NORM_POSITIONS[norm_position]
+        self.blocks = ModuleList(Block(C, n_heads, d_ff or 4 * C, activation=mlp, dropout=dropout,
+                                       rng=self.rng, dtype=dtype, norm=norm, n_kv_heads=n_kv_heads,
+                                       rope=positions == "rope", attention=attention)
                                  for _ in range(n_layers))
         self.ln_f = norm_layer(norm, C, 1e-5, dtype)
         if tie_embeddings:

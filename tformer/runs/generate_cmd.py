@@ -14,7 +14,8 @@ from .tinygpt import DEFAULT_CHECKPOINT
 _MODEL_KEYS = ("d_model", "n_heads", "n_layers", "max_len", "vocab_size", "d_ff", "dropout", "dtype")
 # The modern block's keywords (chapter 25). A checkpoint saved before they existed lacks them: it is
 # seed 004's block, their defaults.
-_MODERN_DEFAULTS = {"norm": "layernorm", "positions": "learned", "mlp": "gelu", "tie_embeddings": False}
+_MODERN_DEFAULTS = {"norm": "layernorm", "positions": "learned", "mlp": "gelu", "tie_embeddings": False,
+                    "norm_position": "pre"}
 
 
 def add_arguments(p):

@@ -58,6 +58,8 @@ def add_arguments(p):
     g.add_argument("--n-kv-heads", type=int, default=None,
                    help="key/value heads of grouped-query attention (default: --n-heads)")
     g.add_argument("--tie-embeddings", action="store_true", help="LM head weight = W_teᵀ")
+    g.add_argument("--norm-position", choices=["pre", "post"], default="pre",
+                   help="pre-norm X + f(N(X)) (seed 004) or post-norm N(X + f(X)) (seeds 002/003)")
     g.add_argument("--attention", choices=["plain", "flash"], default="plain",
                    help="attention kernel: plain (stores the T×T probabilities) or flash (the "
                         "online softmax of chapter 24: O(T) memory per head, for long --max-len)")
@@ -141,7 +143,8 @@ def main(args):
     model = TinyGPT(d_model=args.d_model, n_heads=args.n_heads, n_layers=args.n_layers,
                     max_len=args.max_len, seed=args.seed, d_ff=args.d_ff, norm=args.norm,
                     positions=args.positions, mlp=args.mlp, n_kv_heads=args.n_kv_heads,
-                    tie_embeddings=args.tie_embeddings, attention=args.attention)
+                    tie_embeddings=args.tie_embeddings, attention=args.attention,
+                    norm_position=args.norm_position)
     precision = precision_policy(model, args.precision, args.init_scale)
     dp = DataParallel(model, world, zero=args.zero) if world.size > 1 or args.zero else None
 
@@ -157,7 +160,8 @@ def main(args):
           f"T={args.max_len}, {model.num_parameters():,} parameters; B={args.batch_size}, "
           f"{args.steps} steps, {args.precision}")
     print(f"block: {cfg['norm']}, {cfg['positions']} positions, {cfg['mlp']} MLP (d_ff={cfg['d_ff']}), "
-          f"{cfg['n_kv_heads']} key/value heads, {'tied' if cfg['tie_embeddings'] else 'untied'} embeddings")
+          f"{cfg['n_kv_heads']} key/value heads, {'tied' if cfg['tie_embeddings'] else 'untied'} embeddings, "
+          f"{cfg['norm_position']}-norm")
     if cfg["attention"] == "flash":
         print("attention: the online softmax (flash), no T×T probabilities stored")
 
