@@ -1,4 +1,4 @@
-"""``python -m tformer run <system> [flags]``, ``generate``, ``many-processes``, ``quantize``, ``fewer-bits``.
+"""``python -m tformer run <system> [flags]``, ``generate``, ``many-processes``, ``quantize``, ``fewer-bits``, ``online-softmax``, ``ablate``.
 
 Each run lives in ``tformer/runs/<module>.py`` with ``add_arguments(parser)`` and ``main(args)``.
 """
@@ -64,7 +64,9 @@ def build_parser():
             ("fewer-bits", "fewer_bits", "the precision and quantization measurements of the "
                                          "chapter Fewer bits (writes a JSON file)"),
             ("online-softmax", "online_softmax", "plain against online-softmax attention: tile "
-                                                 "sizes, peak memory and time (writes a JSON file)")):
+                                                 "sizes, peak memory and time (writes a JSON file)"),
+            ("ablate", "ablate", "the ablation of the modern block: TinyGPT with each piece "
+                                 "changed alone, seeds, pre/post-norm (writes a JSON file)")):
         mod = _load(module)
         if mod is not None:
             p = sub.add_parser(name, help=help_text, description=help_text,
