@@ -127,7 +127,12 @@ def train_run(config, kwargs, lr, seed, data, stop=None, on_step=None):
         return data.batch(i)
 
     def forward_loss(m, b):
-        return F.cross_entropy(m.forward(b[0]), b[1])
+        try:
+            return F.cross_entropy(m.forward(b[0]), b[1])
+        except ValueError as e:      # a kernel refusing inf/NaN input: the activations overflowed
+            if "NaN" in str(e) or "inf" in str(e):
+                raise FloatingPointError(f"the forward pass overflowed ({e})") from e
+            raise
 
     def evaluate(m):
         return {"val_bpb": bits_per_byte(evaluate_loss(m, val_x, val_y))}
