@@ -99,6 +99,9 @@ def test_cli_writes_the_record_and_resumes(text, tmp_path, capsys):
     assert cli(args[:-len(TINY)] + TINY[:-1] + ["--only", "gqa", "--resume"]) == 0   # only gqa runs
     again = json.load(open(out))
     assert again["runs"]["rope"] == res["runs"]["rope"] and len(again["runs"]["gqa"]) == 2
+    assert "earlier_sessions" not in res
+    assert [e["started"] for e in again["earlier_sessions"]] == [res["started"]]
+    assert again["earlier_sessions"][0]["command"] == res["command"]
 
 
 @pytest.mark.parametrize("flags,match", [(["--only", "alibi"], "--only: unknown configurations"),

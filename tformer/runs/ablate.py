@@ -18,7 +18,8 @@ comparison). Recorded per run: the training loss of every step and the validatio
 validation loss on the whole validation split; a run whose loss stops being finite is recorded as
 diverged, with the step. The file holds the command line, the commit, the machine, the load
 average, the dates and the wall time, and is rewritten (atomically) after every run, so
-``--resume`` continues an interrupted ablation with the same configuration.
+``--resume`` continues an interrupted ablation with the same configuration (the sessions that made
+the runs it keeps are listed under ``earlier_sessions``).
 """
 import json
 import math
@@ -41,6 +42,8 @@ from .many_processes import git_commit
 from .online_softmax import machine
 
 DEFAULT_OUT = "book/data/modern_ablation.json"
+SESSION_KEYS = ("command", "commit", "machine", "python", "numpy", "blas_threads", "load_average_start",
+                "load_average_end", "started", "finished", "wall_seconds")
 CONFIG_KEYS = ("d_model", "n_heads", "n_layers", "max_len", "batch_size", "steps", "lr", "high_lr",
                "min_lr_ratio", "warmup", "weight_decay", "clip", "eval_every", "eval_windows",
                "n_kv_heads", "seeds", "text")
@@ -211,13 +214,15 @@ def main(args):
         if unknown:
             raise SystemExit(f"--only: unknown configurations {unknown}; expected some of {names}")
         plan = [p for p in plan if p[0] in args.only]
-    runs = {}
+    runs, earlier = {}, []
     if args.resume and os.path.exists(args.out):
         with open(args.out) as f:
             old = json.load(f)
         if old.get("config") == json.loads(json.dumps(config)):
             runs = {name: [r for r in rs if r["seed"] in args.seeds] for name, rs in old["runs"].items()}
             print(f"resuming: {sum(map(len, runs.values()))} runs kept from {args.out}")
+            earlier = old.get("earlier_sessions", []) + [   # who made the kept runs, and when
+                {k: old[k] for k in SESSION_KEYS if k in old}]
         else:
             print(f"--resume: {args.out} was made with another configuration; starting afresh")
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -249,6 +254,8 @@ def main(args):
             runs=runs, summary=summarize(runs, names), wall_seconds=time.perf_counter() - t0,
             load_average_end=list(os.getloadavg()),
             finished=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        if earlier:
+            result["earlier_sessions"] = earlier
         _write(args.out, result)
     bar.close()
     summary = summarize(runs, names)
