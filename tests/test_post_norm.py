@@ -58,8 +58,9 @@ def test_default_is_pre_norm_and_post_norm_draws_the_same_parameters():
 def test_post_norm_block_is_the_formula():
     """O = LN₂(Z + FFN(Z)), Z = LN₁(X + MHA(X)), computed from the block's own sublayers."""
     blk = PostNormGPTBlock(8, 2, 16, dtype=np.float64, seed=3)
+    rng = np.random.default_rng(4)
     for name, p, _ in blk.named_parameters():
-        p[...] = (1.0 if name.endswith("gamma") else 0.0) + 0.3 * np.random.default_rng(4).standard_normal(p.shape)
+        p[...] = (1.0 if name.endswith("gamma") else 0.0) + 0.3 * rng.standard_normal(p.shape)
     x = np.random.default_rng(5).standard_normal((2, 5, 8))
     z = blk.ln1(x + blk.attn(x))
     want = blk.ln2(z + blk.ffn(z))
@@ -184,7 +185,8 @@ def test_checkpoint_keeps_the_norm_position(tmp_path):
     again, _ = load_tinygpt(path)
     x = tokens(2, 5, seed=3)
     assert again.config["norm_position"] == "post" and np.array_equal(again.forward(x), model.forward(x))
-    with pytest.raises(ValueError, match="another configuration.*norm_position: checkpoint 'post' vs model 'pre'"):
+    with pytest.raises(ValueError,
+                       match="another configuration.*norm_position: checkpoint 'post' vs model 'pre'"):
         load_checkpoint(path, tiny(np.float32))
 
 

@@ -193,11 +193,13 @@ def _write(path, result):
 def _check(args):
     for name in ("d_model", "n_heads", "n_layers", "max_len", "batch_size", "steps", "eval_every",
                  "eval_windows"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"--{name.replace('_', '-')}: expected an integer ≥ 1, got {getattr(args, name)}")
+        value = getattr(args, name)
+        if value < 1:
+            raise SystemExit(f"--{name.replace('_', '-')}: expected an integer ≥ 1, got {value}")
     for name in ("lr", "high_lr"):
-        if not (math.isfinite(getattr(args, name)) and getattr(args, name) > 0):
-            raise SystemExit(f"--{name.replace('_', '-')}: expected a positive number, got {getattr(args, name)}")
+        value = getattr(args, name)
+        if not (math.isfinite(value) and value > 0):
+            raise SystemExit(f"--{name.replace('_', '-')}: expected a positive number, got {value}")
     if not 0.0 <= args.min_lr_ratio <= 1.0:
         raise SystemExit(f"--min-lr-ratio: expected a value in [0, 1], got {args.min_lr_ratio}")
     if len(set(args.seeds)) != len(args.seeds):
