@@ -48,7 +48,7 @@ NBVAL := $(RUN_NB) $(BIN)/python -m pytest --nbval notebooks --nbval-current-env
 # The environment under which notebooks are executed and checked: one BLAS thread (so floats do not
 # depend on the core count), no progress bars, a fixed hash seed, and the venv's own kernel.
 # MPLBACKEND is removed (RUN_NB) so that the kernel picks its inline backend and stores the figures.
-NOTEBOOK_TARGETS := test test-unit test-nbval test-nbval-other book execute lab
+NOTEBOOK_TARGETS := test test-unit test-nbval test-nbval-other book execute
 $(NOTEBOOK_TARGETS): export OPENBLAS_NUM_THREADS := 1
 $(NOTEBOOK_TARGETS): export OMP_NUM_THREADS := 1
 $(NOTEBOOK_TARGETS): export MKL_NUM_THREADS := 1
@@ -171,9 +171,16 @@ execute: $(STAMP)
 	@if [ -z "$(strip $(NB))" ]; then echo "no notebooks to execute" >&2; exit 1; fi
 	$(RUN_NB) $(BIN)/python -c "$$EXECUTE_PY" $(NB)
 
+# The interactive reader. Unlike the targets above, it keeps the reader's environment: every core
+# (no thread variables) and live progress bars (no TFORMER_PROGRESS=0); stored outputs come from
+# `make execute`, never from the lab. Its settings (lab/jupyter_lab_config.py, lab/settings/):
+# 127.0.0.1, autosave off (File > Autosave Documents turns it back on), no news or update checks.
+# The repository's notebooks are trusted first, so that their stored outputs show as they are.
+lab: export JUPYTER_PREFER_ENV_PATH := 1
+lab: export PATH := $(CURDIR)/$(BIN):$(PATH)
 lab: $(LAB_STAMP)
-	$(RUN_NB) $(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) \
-	  --ServerApp.root_dir=$(CURDIR) $$([ "$$(id -u)" = 0 ] && echo --allow-root) $(LAB_FLAGS)
+	@$(BIN)/jupyter trust $(NB) 2>&1 | grep -v '^Signing notebook' || true
+	$(RUN_NB) $(BIN)/jupyter lab --config=lab/jupyter_lab_config.py --ServerApp.port=$(LAB_PORT) $(LAB_FLAGS)
 
 # --- optional extras ---------------------------------------------------------------------------
 

@@ -1,0 +1,75 @@
+"""The source of tformer's own functions and classes, shown in a notebook as a code block.
+
+A chapter's "Where is this in the code" section shows the code it has just verified, read from the
+package at the moment the cell runs, so the package stays the one copy. ``show_source(name, ...)``
+returns a ``Source`` whose rich display is a fenced Python block (``text/markdown``: highlighted in
+the built book and in JupyterLab) and whose plain text is the code itself, which nbval compares.
+"""
+import importlib
+import inspect
+import textwrap
+from pathlib import Path
+
+PACKAGE_ROOT = Path(__file__).resolve().parent
+
+
+class Source:
+    """The source of one or more objects: ``blocks`` is a list of ``(file, code)`` pairs."""
+
+    def __init__(self, blocks):
+        self.blocks = list(blocks)
+
+    def __repr__(self):
+        return "\n\n".join(code for _, code in self.blocks)
+
+    def _repr_markdown_(self):
+        return "\n\n".join(f"```python\n# {file}\n{code}\n```" for file, code in self.blocks)
+
+
+def _resolve(name):
+    """The object named ``tformer.module.attr[.attr]``, importing the longest module prefix."""
+    if not isinstance(name, str):
+        raise TypeError(f"name: expected a dotted name such as 'tformer.functional.softmax_forward',"
+                        f" got {type(name).__name__}")
+    parts = name.split(".")
+    if parts[0] != "tformer" or len(parts) < 2:
+        raise ValueError(f"name: expected a dotted name inside tformer ('tformer.module.object'), "
+                         f"got {name!r}")
+    for cut in range(len(parts) - 1, 0, -1):
+        module_name = ".".join(parts[:cut])
+        try:
+            obj = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:
+            if e.name is not None and not module_name.startswith(e.name):
+                raise                                        # a missing dependency, not the name
+            continue
+        for attr in parts[cut:]:
+            if not hasattr(obj, attr):
+                raise ValueError(f"name: {module_name!r} has no {'.'.join(parts[cut:])!r} "
+                                 f"(asked for {name!r})")
+            obj = getattr(obj, attr)
+        return obj
+    raise ValueError(f"name: no module of tformer in {name!r}")
+
+
+def source_of(name):
+    """``(file, code)``: the file relative to the repository and the dedented source of ``name``."""
+    obj = _resolve(name)
+    target = inspect.unwrap(obj)
+    try:
+        file = Path(inspect.getsourcefile(target)).resolve()
+        code = textwrap.dedent(inspect.getsource(target)).rstrip("\n")
+    except (TypeError, OSError) as e:
+        raise ValueError(f"name: {name!r} is a {type(obj).__name__} without Python source") from e
+    try:
+        shown = file.relative_to(PACKAGE_ROOT.parent).as_posix()
+    except ValueError:
+        shown = file.name
+    return shown, code
+
+
+def show_source(*names):
+    """The source of each named object (``'tformer.kernels.softmax.softmax_forward'``), in order."""
+    if not names:
+        raise ValueError("names: expected at least one dotted name, got none")
+    return Source(source_of(name) for name in names)
