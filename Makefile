@@ -6,16 +6,17 @@
 # On a fresh machine with Python 3.11 and make, `make book` and `make test` do all of the setup.
 #
 #   make book        build the site into _build/html (any warning fails the build)
-#   make test        test-unit, test-nbval, test-nbval-other, book, check-links; then each one's
-#                    result and time
+#   make test        test-unit, test-nbval, test-nbval-other, test-browser, book, check-links;
+#                    then each one's result and time
 #   make check-links internal links and anchors of the built site (_build/html) all lead somewhere
 #   make test-unit   pytest tests (unit tests and the notebook hygiene check)
 #   make test-nbval  nbval: re-run every notebook and compare with its stored outputs
 #   make test-nbval-other  nbval again, under an older CPU's floating-point arithmetic
+#   make test-browser  make lab in headless Chromium: the chapters render, one runs (needs chromium)
 #   make execute     re-execute every notebook in place, in a fresh kernel (NB=path for one)
 #   make serve       serve _build/html on http://127.0.0.1:8000 (PORT=...)
-#   make lab         JupyterLab on port 8888 (LAB_PORT=..., LAB_FLAGS=--no-browser), installed
-#                    on first use from requirements-lab.txt
+#   make lab         JupyterLab on 127.0.0.1:8888 (LAB_PORT=..., LAB_FLAGS="--no-browser --ip=..."),
+#                    installed on first use from requirements-lab.txt
 #   make torch       install the test set (requirements-test.txt: the PyTorch CPU build and the rest)
 #   make run         run each source system: python -m tformer run SYSTEM (SYSTEMS="...")
 #   make bench       python benchmarks/run.py
@@ -58,11 +59,12 @@ $(NOTEBOOK_TARGETS): export PYTHONHASHSEED := 0
 $(NOTEBOOK_TARGETS): export JUPYTER_PREFER_ENV_PATH := 1
 $(NOTEBOOK_TARGETS): export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help venv book check-links test test-unit test-nbval test-nbval-other execute serve lab torch run \
+.PHONY: help venv book check-links test test-unit test-nbval test-nbval-other test-browser execute \
+	serve lab torch run \
 	bench clean
 
 help:
-	@sed -n '3,22p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,23p' Makefile | sed 's/^# \{0,1\}//'
 
 # --- environment -------------------------------------------------------------------------------
 
@@ -123,13 +125,23 @@ test-nbval: $(TEST_STAMP)
 test-nbval-other: $(TEST_STAMP)
 	$(BIN)/python tools/other_arithmetic.py -- $(NBVAL)
 
+# The interactive reader in a real browser: tools/browser_check.py starts `make lab` on a free local
+# port, opens chapters 01, 04, 13 and 14 in headless Chromium, checks that their MyST renders, runs
+# chapter 14 (Run All Cells) and checks that the repository is left as it was. It installs
+# requirements-lab.txt on first use; where no Chromium is installed it says so in one line and skips.
+test-browser: $(TEST_STAMP)
+	@note="$$($(BIN)/python tools/browser_check.py --brief)"; \
+	if [ -n "$$note" ]; then echo "$$note"; \
+	else $(MAKE) --no-print-directory $(LAB_STAMP) && $(BIN)/python tools/browser_check.py; fi
+
 # Runs every stage even when one fails, then prints each stage's result and wall-clock time.
 test: $(TEST_STAMP)
 	@failed=0; report=""; \
-	for stage in test-unit test-nbval test-nbval-other book check-links; do \
+	for stage in test-unit test-nbval test-nbval-other test-browser book check-links; do \
 	  echo; echo "=== make $$stage"; \
 	  start=$$(date +%s); note=""; \
 	  if [ $$stage = test-nbval-other ]; then note="$$($(BIN)/python tools/other_arithmetic.py --brief)" || note="see the error above"; fi; \
+	  if [ $$stage = test-browser ]; then note="$$($(BIN)/python tools/browser_check.py --brief)" || note="see the error above"; fi; \
 	  case "$$note" in \
 	    skipped:*) echo "$$note"; status=skipped ;; \
 	    *) if $(MAKE) --no-print-directory $$stage; then status=ok; else status=FAILED; failed=1; fi ;; \
