@@ -61,11 +61,9 @@ def source_of(name):
         code = textwrap.dedent(inspect.getsource(target)).rstrip("\n")
     except (TypeError, OSError) as e:
         raise ValueError(f"name: {name!r} is a {type(obj).__name__} without Python source") from e
-    try:
-        shown = file.relative_to(PACKAGE_ROOT.parent).as_posix()
-    except ValueError:
-        shown = file.name
-    return shown, code
+    if PACKAGE_ROOT not in file.parents:
+        raise ValueError(f"name: {name!r} is defined outside tformer, in {file.name}")
+    return file.relative_to(PACKAGE_ROOT.parent).as_posix(), code
 
 
 def show_source(*names):

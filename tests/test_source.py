@@ -1,0 +1,41 @@
+"""tformer.source.show_source: the code a chapter's "Where is this in the code" section shows."""
+import inspect
+
+import pytest
+
+from tformer.kernels import softmax
+from tformer.source import show_source, source_of
+
+
+def test_source_of_a_function_and_a_method():
+    file, code = source_of("tformer.kernels.softmax.softmax_forward")
+    assert file == "tformer/kernels/softmax.py"
+    assert code == inspect.getsource(softmax.softmax_forward).rstrip("\n")
+    file, code = source_of("tformer.optim.AdamW.step")
+    assert file == "tformer/optim.py" and code.startswith("def step(")   # dedented
+
+
+def test_display_is_a_fenced_python_block_per_object():
+    shown = show_source("tformer.kernels.softmax.softmax_forward",
+                        "tformer.kernels.softmax.softmax_backward")
+    md = shown._repr_markdown_()
+    assert md.count("```python\n# tformer/kernels/softmax.py\n") == 2
+    assert repr(shown).startswith("def softmax_forward(") and "def softmax_backward(" in repr(shown)
+
+
+@pytest.mark.parametrize("name, error, words", [
+    ("numpy.linalg.norm", ValueError, "inside tformer"),
+    ("tformer.kernels.softmax.nope", ValueError, "has no 'nope'"),
+    ("tformer.nomodule.x", ValueError, "has no 'nomodule.x'"),
+    ("tformer.kernels.softmax.np", ValueError, "defined outside tformer"),
+    ("tformer.train.math.sqrt", ValueError, "without Python source"),
+    (3, TypeError, "got int"),
+])
+def test_bad_names_say_what_was_expected(name, error, words):
+    with pytest.raises(error, match=words):
+        show_source(name)
+
+
+def test_needs_a_name():
+    with pytest.raises(ValueError, match="at least one"):
+        show_source()
