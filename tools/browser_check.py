@@ -157,7 +157,8 @@ def notebook_facts(path):
             "labels": len(re.findall(r"^:label:", text, re.M)),
             "eq_refs": len(re.findall(r"\{eq\}`", text)), "names": names, "figures": figures,
             "code_cells": len(code),
-            "includes": len(re.findall(r"^```+\{literalinclude\}", text, re.M))}
+            "includes": len(re.findall(r"^```+\{literalinclude\}", text, re.M)),
+            "doc_targets": set(re.findall(r"\{doc\}`(?:[^`<]*<)?([^`<>]+?)>?`", text))}
 
 
 def squash(s):
@@ -196,6 +197,8 @@ def check_chapter(page, lab, rel, facts):
     eq_links = sum(bool(re.fullmatch(r"\(\d+\)", t.strip())) for t in links)
     assert eq_links >= facts["eq_refs"], \
         f"{rel}: {eq_links} equation references rendered as (n) links, expected {facts['eq_refs']}"
+    bare = sorted({t.strip() for t in links} & facts["doc_targets"])
+    assert not bare, f"{rel}: {{doc}} references shown as bare paths: {bare}"
     page_code = squash(page.locator(f"{NB}").inner_text())
     from tformer.source import source_of
     missing = [n for n in facts["names"] if squash(source_of(n)[1]) not in page_code]
@@ -243,7 +246,8 @@ def run_chapter(page, lab, rel, facts, timeout):
     assert images >= facts["figures"], f"{rel}: {images} figures drawn, expected {facts['figures']}"
     bars = page.locator(f"{NB} .widget-hprogress")
     assert saw_live_bar and bars.count() > 0, f"{rel}: no progress widget appeared"
-    labels = " ".join(page.locator(f"{NB} .widget-hprogress").all_inner_texts())
+    holders = page.locator(f"{NB} .jp-OutputArea-output", has=page.locator(".widget-hprogress"))
+    labels = " ".join(holders.all_inner_texts())
     finished = re.findall(r"(\d+)/(\d+)", labels)
     assert finished and all(a == b for a, b in finished), \
         f"{rel}: the progress widget did not reach its last step: {labels!r}"
@@ -312,6 +316,8 @@ def main(argv=None):
                     open_chapter(page, lab, rel)
                     got = run_chapter(page, lab, rel, facts, args.run_timeout)
                     if args.screenshots:
+                        page.locator(f"{NB} .widget-hprogress").first.scroll_into_view_if_needed()
+                        page.wait_for_timeout(300)
                         page.screenshot(path=str(args.screenshots / f"{paths[args.run].stem}-run.png"))
                     print(f"{rel}: ran in {got['seconds']:.1f}s with no error; {got['figures']} "
                           f"figures, {got['bars']} progress widget(s) at their last step", flush=True)

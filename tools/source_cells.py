@@ -1,4 +1,6 @@
-"""Turn a notebook's ```{literalinclude}``` blocks into code cells that show the same source.
+"""Make a notebook's MyST read the same in JupyterLab as in the built book.
+
+1. ```{literalinclude}``` blocks become code cells that show the same source.
 
 JupyterLab (jupyterlab-myst) cannot read files, so a ``{literalinclude}`` block renders as nothing
 in the lab, while the built book shows the code. This rewrites each run of such blocks into a code
@@ -6,6 +8,9 @@ cell ``show_source("tformer.module.object", ...)`` (tformer/source.py), whose ou
 code in both readers and is compared by nbval. The Markdown around a block stays where it was, split
 into the cells before and after it. Only ``:pyobject:`` is understood; a block with any other option
 stops the conversion with an error naming it.
+
+2. A ``{doc}`` reference without a title, which the lab shows as its bare path, gets the title the
+book would show (the target's first heading): {doc}`14_tinygpt` -> {doc}`TinyGPT ... <14_tinygpt>`.
 
     python tools/source_cells.py notebooks/12_encoder.ipynb [...]
     make execute NB="notebooks/12_encoder.ipynb ..."     # the new cells need their outputs
@@ -24,6 +29,27 @@ BLOCK = re.compile(r"^```+\{literalinclude\}[ \t]+(?P<path>\S+)[ \t]*\n"
 OPTION = re.compile(r"^:(?P<key>[\w-]+):[ \t]*(?P<value>.*)$")
 IMPORT = "from tformer.source import show_source"
 MAX_LINE = 90
+DOC_REF = re.compile(r"\{doc\}`(?P<target>[^`<>]+)`")
+
+
+def title_of(target, where):
+    """The first '# ' heading of the page {doc}`target` names (relative to the notebook)."""
+    for suffix in (".ipynb", ".md"):
+        path = where.parent / (target + suffix)
+        if path.exists():
+            text = (path.read_text(encoding="utf-8") if suffix == ".md" else
+                    "\n".join(c.source for c in nbformat.read(path, as_version=4).cells
+                              if c.cell_type == "markdown"))
+            m = re.search(r"^# (.+)$", text, re.M)
+            if m is None:
+                raise SystemExit(f"{where}: {path} has no '# ' heading to title {{doc}}`{target}`")
+            return m[1].strip()
+    raise SystemExit(f"{where}: {{doc}}`{target}` names no .ipynb or .md page")
+
+
+def titled_doc_refs(text, where):
+    return DOC_REF.sub(lambda m: f"{{doc}}`{title_of(m['target'].strip(), where)} <{m['target']}>`",
+                       text)
 
 
 def dotted_name(path, options, where):
@@ -86,22 +112,25 @@ def convert(path):
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
     state = {"imported": any(IMPORT in c.source for c in nb.cells if c.cell_type == "code")}
-    cells, count = [], 0
+    cells, count, titled = [], 0, 0
     for i, cell in enumerate(nb.cells):
         if cell.cell_type != "markdown":
             cells.append(cell)
             continue
+        new_source = titled_doc_refs(cell.source, path)
+        titled += new_source != cell.source
+        cell.source = new_source
         new = split_cell(cell, f"{path} cell {i}", state)
         count += sum(c.cell_type == "code" for c in new)
         cells.extend(new)
-    if count:
+    if count or titled:
         nb.cells = cells
         tmp = path.with_suffix(".ipynb.tmp")
         nbformat.write(nb, tmp)
         tmp.replace(path)
     if BLOCK.search("".join(c.source for c in nb.cells if c.cell_type == "markdown")):
         raise SystemExit(f"{path}: a literalinclude block is left")
-    print(f"{path}: {count} show_source cell(s)")
+    print(f"{path}: {count} show_source cell(s), {titled} cell(s) with titled {{doc}} references")
 
 
 if __name__ == "__main__":
