@@ -39,3 +39,24 @@ def test_bad_names_say_what_was_expected(name, error, words):
 def test_needs_a_name():
     with pytest.raises(ValueError, match="at least one"):
         show_source()
+
+
+# Chapters whose {literalinclude} blocks are still to be converted (python tools/source_cells.py);
+# the lab renders such a block as nothing. Remove a name once its chapter is converted.
+PENDING = {"12_encoder", "20_performance"}
+
+
+def test_no_chapter_shows_code_the_lab_cannot_render():
+    import json
+    import re
+    from pathlib import Path
+
+    block = re.compile(r"^```+\{literalinclude\}", re.M)
+    with_blocks = set()
+    for path in sorted(Path(__file__).resolve().parents[1].glob("notebooks/*.ipynb")):
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        if any(block.search("".join(c["source"])) for c in cells if c["cell_type"] == "markdown"):
+            with_blocks.add(path.stem)
+    assert with_blocks <= PENDING, (f"{sorted(with_blocks - PENDING)}: {{literalinclude}} blocks; "
+                                    "python tools/source_cells.py notebooks/X.ipynb converts them")
+    assert PENDING <= with_blocks, f"{sorted(PENDING - with_blocks)} converted: remove from PENDING"
