@@ -15,6 +15,7 @@ from ..attention import check_attention
 from ..blocks import PostNormGPTBlock, PreNormBlock
 from ..layers import Embedding, Linear, Module, ModuleList
 from ..modern_layers import NORMS, TiedLinear, norm_layer
+from ..recompute import Recompute, check_checkpointing
 
 POSITIONS = ("learned", "sinusoidal", "rope")
 MLPS = ("gelu", "relu", "swiglu")
@@ -46,6 +47,10 @@ class TinyGPT(Module):
     probabilities) or ``"flash"`` (the online softmax of chapter 24: the same model and the same
     results up to rounding, in O(T) memory per head instead of O(T²)).
 
+    ``gradient_checkpointing=True``: in training, each segment of ``checkpoint_every`` blocks keeps
+    only its input and recomputes its forward pass during the backward (``tformer.recompute``,
+    chapter 21): the same gradients bit for bit, less memory, one more forward pass of the blocks.
+
     Everything is kept in ``model.config`` (and so in checkpoints), with ``d_ff`` and
     ``n_kv_heads`` resolved to numbers.
     """
@@ -53,8 +58,11 @@ class TinyGPT(Module):
     def __init__(self, d_model=64, n_heads=1, n_layers=2, max_len=64, vocab_size=256, d_ff=None,
                  dropout=0.0, seed=0, dtype=np.float32,
                  norm="layernorm", positions="learned", mlp="gelu", n_kv_heads=None, tie_embeddings=False,
-                 attention="plain", norm_position="pre"):
+                 attention="plain", norm_position="pre", gradient_checkpointing=False,
+                 checkpoint_every=1):
         super().__init__()
+        gradient_checkpointing, checkpoint_every = check_checkpointing(gradient_checkpointing,
+                                                                       checkpoint_every)
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         _check_modern(d_model, n_heads, norm, positions, mlp, n_kv_heads, tie_embeddings)
         if not isinstance(norm_position, str) or norm_position not in NORM_POSITIONS:
@@ -65,7 +73,9 @@ class TinyGPT(Module):
                            dtype=np.dtype(dtype).name,
                            norm=norm, positions=positions, mlp=mlp, n_kv_heads=int(n_kv_heads),
                            tie_embeddings=bool(tie_embeddings), attention=attention,
-                           norm_position=norm_position)
+                           norm_position=norm_position,
+                           gradient_checkpointing=gradient_checkpointing,
+                           checkpoint_every=checkpoint_every)
         self.rng = np.random.default_rng(seed)
         C = d_model
         self.wte = Embedding(vocab_size, C, self.rng, dtype, init_std=0.02)
@@ -84,6 +94,8 @@ class TinyGPT(Module):
         self.flatten_parameters()          # one flat buffer of parameters, one of gradients
         self.max_len = max_len
         self._positions = (0, 0)
+        self._recompute = Recompute(self.blocks, checkpoint_every) if gradient_checkpointing else None
+        self._recomputed = False           # did the last forward pass go through _recompute?
 
     def forward(self, tokens, kv_caches=None):
         """tokens: (B, T) -> logits (B, T, V). With ``kv_caches`` (one per block, inference only) the
@@ -109,14 +121,19 @@ class TinyGPT(Module):
         elif self.pe is not None:
             x += self.pe[start:start + T]                               # + PE[pos], fixed
         self._positions = (start, T)
-        for i, block in enumerate(self.blocks):
+        self._recomputed = self._recompute is not None and self.training and not kv_caches
+        if self._recomputed:
+            x = self._recompute.forward(x, None)                       # keeps segment inputs only
+        for i, block in enumerate(() if self._recomputed else self.blocks):
             x = block(x, None, kv_caches[i] if kv_caches else None)   # (B, T, C)
         return self.lm_head(self.ln_f(x))                              # (B, T, V)
 
     def backward(self, dlogits):
         """dlogits: (B, T, V) -> None (tokens have no gradient); accumulates every parameter's gradient."""
         dx = self.ln_f.backward(self.lm_head.backward(dlogits))        # (B, T, C)
-        for block in reversed(self.blocks._items):
+        if self._recomputed:
+            dx = self._recompute.backward(dx)                          # re-runs each segment
+        for block in () if self._recomputed else reversed(self.blocks._items):
             dx = block.backward(dx)
         self.wte.backward(dx)                  # tied: adds to the LM head's share of dW_te
         if self.wpe is not None:

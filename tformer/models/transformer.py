@@ -21,6 +21,7 @@ from .._validate import int_array
 from ..attention import check_attention
 from ..blocks import PostNormBlock
 from ..layers import Dropout, Embedding, LayerNorm, Linear, Module, ModuleList, SinusoidalPositions
+from ..recompute import Recompute, check_checkpointing
 
 
 def parameter_count(vocab_size, d_model, n_layers, d_ff):
@@ -47,9 +48,11 @@ class Transformer(Module):
 
     def __init__(self, vocab_size, d_model=512, n_heads=8, n_layers=6, d_ff=2048, max_len=5000,
                  dropout=0.1, seed=0, dtype=np.float32, pad_idx=0, scale_embedding=True,
-                 attention="plain"):
+                 attention="plain", gradient_checkpointing=False, checkpoint_every=1):
         super().__init__()
         check_attention(attention)
+        gradient_checkpointing, checkpoint_every = check_checkpointing(gradient_checkpointing,
+                                                                       checkpoint_every)
         for name, value in (("vocab_size", vocab_size), ("d_model", d_model), ("n_heads", n_heads),
                             ("n_layers", n_layers), ("d_ff", d_ff), ("max_len", max_len)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
@@ -61,7 +64,9 @@ class Transformer(Module):
         self.config = dict(vocab_size=int(vocab_size), d_model=int(d_model), n_heads=int(n_heads),
                            n_layers=int(n_layers), d_ff=int(d_ff), max_len=int(max_len),
                            dropout=float(dropout), seed=int(seed), dtype=np.dtype(dtype).name,
-                           pad_idx=pad_idx, scale_embedding=bool(scale_embedding), attention=attention)
+                           pad_idx=pad_idx, scale_embedding=bool(scale_embedding), attention=attention,
+                           gradient_checkpointing=gradient_checkpointing,
+                           checkpoint_every=checkpoint_every)
         self.rng = np.random.default_rng(seed)
         C = d_model
         self.emb_scale = float(np.sqrt(C)) if scale_embedding else 1.0
@@ -76,6 +81,8 @@ class Transformer(Module):
         self.proj = Linear(C, vocab_size, True, self.rng, dtype)
         self.flatten_parameters()          # one flat buffer of parameters, one of gradients
         self.vocab_size, self.max_len, self.pad_idx = vocab_size, max_len, pad_idx
+        self._recompute = Recompute(self.blocks, checkpoint_every) if gradient_checkpointing else None
+        self._recomputed = False           # did the last forward pass go through _recompute?
 
     def forward(self, tokens, padding_mask=None):
         """tokens: (B, T) -> logits (B, T, V).
@@ -101,14 +108,19 @@ class Transformer(Module):
         if self.emb_scale != 1.0:
             x *= self.emb_scale                                                  # E · √C
         x = self.drop(self.pos(x))                                               # (B, T, C)
-        for block in self.blocks:
+        self._recomputed = self._recompute is not None and self.training
+        if self._recomputed:
+            x = self._recompute.forward(x, padding_mask)                         # inputs only
+        for block in () if self._recomputed else self.blocks:
             x = block(x, padding_mask)                                           # (B, T, C)
         return self.proj(self.ln_f(x))                                           # (B, T, V)
 
     def backward(self, dlogits):
         """dlogits: (B, T, V) -> None (tokens have no gradient); accumulates every parameter's gradient."""
         dx = self.ln_f.backward(self.proj.backward(dlogits))                     # (B, T, C)
-        for block in reversed(self.blocks._items):
+        if self._recomputed:
+            dx = self._recompute.backward(dx)                                    # re-runs segments
+        for block in () if self._recomputed else reversed(self.blocks._items):
             dx = block.backward(dx)
         dx = self.pos.backward(self.drop.backward(dx))                           # PE is a constant
         if self.emb_scale != 1.0:

@@ -1,0 +1,107 @@
+"""Activation recomputation ("gradient checkpointing") for a stack of residual blocks.
+
+    forward:   x_{s+1} = f_s(x_s)   for each segment s of k consecutive blocks (f_s: their
+               composition); keep only x_s and the state of every dropout generator, drop the caches
+    backward:  rebuild the caches of segment s by running f_s(x_s) again, then ∂L/∂x_s = f_sᵀ(∂L/∂x_{s+1})
+
+Memory of the activations: ⌈L/k⌉ segment inputs ``(B, T, C)`` plus the caches of one segment of k
+blocks at a time, instead of the caches of all L blocks; k ≈ √L balances the two (Chen et al. 2016).
+Time: one more forward pass of the blocks per step.
+
+Dropout replays the same masks: each segment's forward records ``bit_generator.state`` of every
+generator its dropout layers draw from (a few hundred bytes, not the masks); the recomputation sets
+those states, re-draws, and puts back the states the generators had reached, so the run continues
+with exactly the random numbers it would have drawn without recomputation. Every cache is rebuilt
+from the same input by the same arithmetic, so every gradient is bit for bit the one without it.
+
+Generation with a KV cache and evaluation mode never use this path: there is no backward to prepare.
+"""
+import numpy as np
+
+from .layers import Dropout
+
+# What a module keeps between its forward and its backward (every layer's ``_cache``; attention's
+# probabilities ``att`` and its RoPE tables ``_rope``).
+CACHE_ATTRS = ("_cache", "att", "_rope")
+
+
+def check_checkpointing(gradient_checkpointing, checkpoint_every=1):
+    """``gradient_checkpointing``: True or False (TypeError otherwise); ``checkpoint_every``: an
+    integer k ≥ 1, the number of blocks per recomputed segment (TypeError / ValueError otherwise)."""
+    if not isinstance(gradient_checkpointing, (bool, np.bool_)):
+        raise TypeError(f"gradient_checkpointing: expected True or False, got {gradient_checkpointing!r}")
+    if isinstance(checkpoint_every, (bool, np.bool_)) or not isinstance(checkpoint_every, (int, np.integer)):
+        raise TypeError(f"checkpoint_every: expected an integer ≥ 1, got {checkpoint_every!r}")
+    if checkpoint_every < 1:
+        raise ValueError(f"checkpoint_every: expected an integer ≥ 1, got {checkpoint_every}")
+    return bool(gradient_checkpointing), int(checkpoint_every)
+
+
+def clear_caches(module):
+    """Drop everything ``module`` and its children keep for their backward (set it to None)."""
+    for m in module._modules():
+        for attr in CACHE_ATTRS:
+            if getattr(m, attr, None) is not None:
+                object.__setattr__(m, attr, None)
+
+
+def _generators(blocks):
+    """The distinct ``np.random.Generator`` objects the dropout layers of ``blocks`` draw from."""
+    gens = {}
+    for block in blocks:
+        for m in block._modules():
+            if isinstance(m, Dropout) and m.p > 0 and m.training:
+                gens[id(m.rng)] = m.rng
+    return list(gens.values())
+
+
+class Recompute:
+    """Runs ``blocks`` (a sequence of modules with ``forward(x, *args)`` / ``backward(dy)``) in
+    segments of ``every`` blocks, keeping only each segment's input.
+
+    ``forward(x, *args) -> y`` and ``backward(dy) -> dx`` stand for the loop over the blocks; the
+    extra ``args`` (e.g. a padding mask) are passed to every block and kept for the recomputation.
+    """
+
+    def __init__(self, blocks, every=1):
+        _, every = check_checkpointing(True, every)
+        self.blocks = list(blocks)
+        self.every = every
+        self._saved = None                 # [(x_s, args, generator states)] of the last forward
+
+    def segments(self):
+        """The blocks cut into consecutive lists of ``every`` (the last one may be shorter)."""
+        k = self.every
+        return [self.blocks[i:i + k] for i in range(0, len(self.blocks), k)]
+
+    def forward(self, x, *args):
+        """x: (B, T, C) -> (B, T, C); keeps x_s of each segment, no block cache survives."""
+        saved = []
+        for seg in self.segments():
+            gens = _generators(seg)
+            saved.append((x, args, [(g, g.bit_generator.state) for g in gens]))
+            for block in seg:
+                x = block(x, *args)
+                clear_caches(block)        # only what the next block reads, x, is kept
+        self._saved = saved
+        return x
+
+    def backward(self, dy):
+        """dy: (B, T, C) -> dx: (B, T, C); re-runs each segment's forward, then its backward."""
+        if self._saved is None:
+            raise RuntimeError("backward: no checkpointed forward pass to differentiate")
+        for seg, (x, args, states) in zip(reversed(self.segments()), reversed(self._saved)):
+            now = [(g, g.bit_generator.state) for g, _ in states]
+            for g, state in states:        # the masks the first forward drew
+                g.bit_generator.state = state
+            try:
+                for block in seg:
+                    x = block(x, *args)
+            finally:
+                for g, state in now:       # where the run had got to
+                    g.bit_generator.state = state
+            for block in reversed(seg):
+                dy = block.backward(dy)
+                clear_caches(block)
+        self._saved = None
+        return dy
