@@ -46,6 +46,10 @@ def build_parser():
         p = systems.add_parser(name, help=help_text, description=help_text,
                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
         mod.add_arguments(p)
+        if not any(a.dest == "log" for a in p._actions):
+            p.add_argument("--log", metavar="FILE", default=None,
+                           help="write the training history (step, loss, lr, grad norm, clip ratio, "
+                                "time) to FILE: CSV if it ends in .csv, else JSON lines")
         p.set_defaults(func=mod.main)
     gen = _load("generate_cmd")
     if gen is not None:

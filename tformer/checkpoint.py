@@ -16,6 +16,18 @@ import zlib
 import numpy as np
 
 
+# Config keys that choose how the same function is computed, not which function: the attention
+# kernel (plain or online softmax) and activation recomputation. A checkpoint loads into a model
+# that differs from it only in these, and a checkpoint saved before a key existed loads too.
+RUNTIME_KEYS = frozenset({"attention", "gradient_checkpointing", "blocks_per_segment"})
+
+
+def config_differences(want, have):
+    """The keys whose values differ between two configs (compared as JSON), ``RUNTIME_KEYS`` aside."""
+    want, have = json.loads(json.dumps(dict(want))), json.loads(json.dumps(dict(have)))
+    return sorted(k for k in (set(want) | set(have)) - RUNTIME_KEYS if want.get(k) != have.get(k))
+
+
 def _rng_state(model):
     rng = getattr(model, "rng", None)
     return rng.bit_generator.state if isinstance(rng, np.random.Generator) else None
@@ -146,8 +158,8 @@ def load_checkpoint(path, model, optimizer=None, config=None, precision=None):
         return load_quantized(path, model, config)
     want = dict(config if config is not None else getattr(model, "config", {}))
     have = meta["config"]
-    if want and json.loads(json.dumps(want)) != have:
-        keys = sorted(k for k in set(want) | set(have) if json.loads(json.dumps(want.get(k))) != have.get(k))
+    keys = config_differences(want, have) if want else []
+    if keys:
         diff = ", ".join(f"{k}: checkpoint {have.get(k)!r} vs model {want.get(k)!r}" for k in keys)
         raise ValueError(f"checkpoint {path!r} was made for another configuration ({diff})")
     model.load_state_dict(model_state)

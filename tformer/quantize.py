@@ -31,7 +31,7 @@ import json
 import numpy as np
 
 from ._validate import float_array, int_array, index_range
-from .checkpoint import read_npz, write_npz
+from .checkpoint import config_differences, read_npz, write_npz
 from .layers import Embedding, Linear, Module
 
 QMAX = 127
@@ -266,8 +266,8 @@ def load_quantized(path, model, config=None):
         raise _bad(path, f"scheme {scheme!r} is not one of {list(SCHEMES)}")
     want = json.loads(json.dumps(dict(config if config is not None else getattr(model, "config", {}))))
     have = meta.get("config", {})
-    if want and want != have:
-        keys = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+    keys = config_differences(want, have) if want else []
+    if keys:
         diff = ", ".join(f"{k}: checkpoint {have.get(k)!r} vs model {want.get(k)!r}" for k in keys)
         raise ValueError(f"checkpoint {path!r} was made for another configuration ({diff})")
     targets = {t[0]: t for t in _quantizable(model)}

@@ -25,16 +25,16 @@ from .layers import Dropout
 CACHE_ATTRS = ("_cache", "att", "_rope")
 
 
-def check_checkpointing(gradient_checkpointing, checkpoint_every=1):
-    """``gradient_checkpointing``: True or False (TypeError otherwise); ``checkpoint_every``: an
+def check_checkpointing(gradient_checkpointing, blocks_per_segment=1):
+    """``gradient_checkpointing``: True or False (TypeError otherwise); ``blocks_per_segment``: an
     integer k ≥ 1, the number of blocks per recomputed segment (TypeError / ValueError otherwise)."""
     if not isinstance(gradient_checkpointing, (bool, np.bool_)):
         raise TypeError(f"gradient_checkpointing: expected True or False, got {gradient_checkpointing!r}")
-    if isinstance(checkpoint_every, (bool, np.bool_)) or not isinstance(checkpoint_every, (int, np.integer)):
-        raise TypeError(f"checkpoint_every: expected an integer ≥ 1, got {checkpoint_every!r}")
-    if checkpoint_every < 1:
-        raise ValueError(f"checkpoint_every: expected an integer ≥ 1, got {checkpoint_every}")
-    return bool(gradient_checkpointing), int(checkpoint_every)
+    if isinstance(blocks_per_segment, (bool, np.bool_)) or not isinstance(blocks_per_segment, (int, np.integer)):
+        raise TypeError(f"blocks_per_segment: expected an integer ≥ 1, got {blocks_per_segment!r}")
+    if blocks_per_segment < 1:
+        raise ValueError(f"blocks_per_segment: expected an integer ≥ 1, got {blocks_per_segment}")
+    return bool(gradient_checkpointing), int(blocks_per_segment)
 
 
 def clear_caches(module):

@@ -20,6 +20,7 @@ import numpy as np
 from .checkpoint import save_checkpoint
 from .optim import clip_grad_norm
 from .progress import progress
+from .runlog import write_history
 
 NO_CLIP = float(np.finfo(np.float64).max)
 
@@ -31,7 +32,7 @@ class NonFiniteLossError(FloatingPointError):
 def train(model, optimizer, batch, forward_loss, steps, *, start_step=0, accum_steps=1,
           clip_norm=None, lr_schedule=None, evaluate=None, eval_every=0, checkpoint_path=None,
           checkpoint_every=0, config=None, progress_bar=None, desc="train", log_every=1,
-          data_parallel=None, precision=None):
+          data_parallel=None, precision=None, log_path=None):
     """Train ``model`` for steps ``start_step+1 .. steps``; returns the history dict.
 
     - ``accum_steps = k``: the gradient of one update is the mean over ``k`` micro-batches
@@ -49,8 +50,12 @@ def train(model, optimizer, batch, forward_loss, steps, *, start_step=0, accum_s
       the NaN guard, the norm and clipping act on the averaged values, the same on every rank.
     - ``precision``: mixed precision (see the module docstring); the checkpoints also store its
       loss-scaler state, so a resumed run continues the same schedule of S.
+    - ``log_path``: the history is written there (``tformer.runlog``: CSV or JSON lines,
+      atomically) with every checkpoint and at the end.
 
-    History: lists ``step``, ``loss``, ``lr``, ``grad_norm``, ``time``, and ``eval`` (a list of
+    History: lists ``step``, ``loss``, ``lr``, ``grad_norm`` (‖g‖ before clipping), ``clip_ratio``
+    (min(1, clip_norm / ‖g‖): the factor the gradient was scaled by, 1 when not clipped), ``time``,
+    and ``eval`` (a list of
     ``(step, metrics)`` pairs); with ``precision`` also ``loss_scale`` (S of each logged step) and
     ``skipped`` (the steps skipped on overflow; their ``grad_norm`` is NaN).
     """
@@ -58,7 +63,8 @@ def train(model, optimizer, batch, forward_loss, steps, *, start_step=0, accum_s
         raise ValueError(f"accum_steps: expected an integer ≥ 1, got {accum_steps}")
     if steps < start_step:
         raise ValueError(f"steps: expected at least start_step = {start_step}, got {steps}")
-    hist = {"step": [], "loss": [], "lr": [], "grad_norm": [], "time": [], "eval": []}
+    hist = {"step": [], "loss": [], "lr": [], "grad_norm": [], "clip_ratio": [], "time": [],
+            "eval": []}
     if precision is not None:
         if data_parallel is not None and data_parallel.zero:
             raise ValueError("precision: mixed precision with ZeRO-1 (sharded gradients) is not "
@@ -114,6 +120,7 @@ def train(model, optimizer, batch, forward_loss, steps, *, start_step=0, accum_s
             hist["loss"].append(loss)
             hist["lr"].append(float(getattr(optimizer, "lr", float("nan"))))
             hist["grad_norm"].append(norm)
+            hist["clip_ratio"].append(clip_ratio(norm, clip_norm))
             hist["time"].append(time.perf_counter() - t0)
             if precision is not None:
                 hist["loss_scale"].append(scale)
@@ -125,9 +132,21 @@ def train(model, optimizer, batch, forward_loss, steps, *, start_step=0, accum_s
             save = data_parallel.save_checkpoint if data_parallel is not None else save_checkpoint
             save(checkpoint_path, model, optimizer, config, step, precision=precision)
             last_good = os.fspath(checkpoint_path)
+        if log_path and (step == steps or (checkpoint_path and checkpoint_every
+                                           and step % checkpoint_every == 0)):
+            write_history(log_path, hist)
         if hasattr(bar, "set_postfix") and not bar.disable:
-            bar.set_postfix(loss=f"{loss:.4g}", refresh=False)
+            bar.set_postfix(loss=f"{loss:.4g}", gnorm=f"{norm:.3g}", refresh=False)
     return hist
+
+
+def clip_ratio(norm, clip_norm):
+    """min(1, c / ‖g‖): the factor clipping to norm ``c`` multiplies the gradient by (NaN if ‖g‖ is)."""
+    if not math.isfinite(norm):
+        return float("nan")
+    if not clip_norm or norm <= clip_norm:
+        return 1.0
+    return clip_norm / norm
 
 
 def _unscale(precision, step, last_good):

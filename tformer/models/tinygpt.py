@@ -47,7 +47,7 @@ class TinyGPT(Module):
     probabilities) or ``"flash"`` (the online softmax of chapter 24: the same model and the same
     results up to rounding, in O(T) memory per head instead of O(T²)).
 
-    ``gradient_checkpointing=True``: in training, each segment of ``checkpoint_every`` blocks keeps
+    ``gradient_checkpointing=True``: in training, each segment of ``blocks_per_segment`` blocks keeps
     only its input and recomputes its forward pass during the backward (``tformer.recompute``,
     chapter 21): the same gradients bit for bit, less memory, one more forward pass of the blocks.
 
@@ -59,10 +59,10 @@ class TinyGPT(Module):
                  dropout=0.0, seed=0, dtype=np.float32,
                  norm="layernorm", positions="learned", mlp="gelu", n_kv_heads=None, tie_embeddings=False,
                  attention="plain", norm_position="pre", gradient_checkpointing=False,
-                 checkpoint_every=1):
+                 blocks_per_segment=1):
         super().__init__()
-        gradient_checkpointing, checkpoint_every = check_checkpointing(gradient_checkpointing,
-                                                                       checkpoint_every)
+        gradient_checkpointing, blocks_per_segment = check_checkpointing(
+            gradient_checkpointing, blocks_per_segment)
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         _check_modern(d_model, n_heads, norm, positions, mlp, n_kv_heads, tie_embeddings)
         if not isinstance(norm_position, str) or norm_position not in NORM_POSITIONS:
@@ -75,7 +75,7 @@ class TinyGPT(Module):
                            tie_embeddings=bool(tie_embeddings), attention=attention,
                            norm_position=norm_position,
                            gradient_checkpointing=gradient_checkpointing,
-                           checkpoint_every=checkpoint_every)
+                           blocks_per_segment=blocks_per_segment)
         self.rng = np.random.default_rng(seed)
         C = d_model
         self.wte = Embedding(vocab_size, C, self.rng, dtype, init_std=0.02)
@@ -94,7 +94,8 @@ class TinyGPT(Module):
         self.flatten_parameters()          # one flat buffer of parameters, one of gradients
         self.max_len = max_len
         self._positions = (0, 0)
-        self._recompute = Recompute(self.blocks, checkpoint_every) if gradient_checkpointing else None
+        self._recompute = (Recompute(self.blocks, blocks_per_segment) if gradient_checkpointing
+                           else None)
         self._recomputed = False           # did the last forward pass go through _recompute?
 
     def forward(self, tokens, kv_caches=None):

@@ -48,11 +48,11 @@ class Transformer(Module):
 
     def __init__(self, vocab_size, d_model=512, n_heads=8, n_layers=6, d_ff=2048, max_len=5000,
                  dropout=0.1, seed=0, dtype=np.float32, pad_idx=0, scale_embedding=True,
-                 attention="plain", gradient_checkpointing=False, checkpoint_every=1):
+                 attention="plain", gradient_checkpointing=False, blocks_per_segment=1):
         super().__init__()
         check_attention(attention)
-        gradient_checkpointing, checkpoint_every = check_checkpointing(gradient_checkpointing,
-                                                                       checkpoint_every)
+        gradient_checkpointing, blocks_per_segment = check_checkpointing(
+            gradient_checkpointing, blocks_per_segment)
         for name, value in (("vocab_size", vocab_size), ("d_model", d_model), ("n_heads", n_heads),
                             ("n_layers", n_layers), ("d_ff", d_ff), ("max_len", max_len)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
@@ -66,7 +66,7 @@ class Transformer(Module):
                            dropout=float(dropout), seed=int(seed), dtype=np.dtype(dtype).name,
                            pad_idx=pad_idx, scale_embedding=bool(scale_embedding), attention=attention,
                            gradient_checkpointing=gradient_checkpointing,
-                           checkpoint_every=checkpoint_every)
+                           blocks_per_segment=blocks_per_segment)
         self.rng = np.random.default_rng(seed)
         C = d_model
         self.emb_scale = float(np.sqrt(C)) if scale_embedding else 1.0
@@ -81,7 +81,8 @@ class Transformer(Module):
         self.proj = Linear(C, vocab_size, True, self.rng, dtype)
         self.flatten_parameters()          # one flat buffer of parameters, one of gradients
         self.vocab_size, self.max_len, self.pad_idx = vocab_size, max_len, pad_idx
-        self._recompute = Recompute(self.blocks, checkpoint_every) if gradient_checkpointing else None
+        self._recompute = (Recompute(self.blocks, blocks_per_segment) if gradient_checkpointing
+                           else None)
         self._recomputed = False           # did the last forward pass go through _recompute?
 
     def forward(self, tokens, padding_mask=None):

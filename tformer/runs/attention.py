@@ -66,7 +66,8 @@ def fit(model, args, make_batch, held, name):
     t0 = time.perf_counter()
     hist = train(model, opt, batch, half_sum_loss, args.steps, evaluate=report,
                  eval_every=args.eval_every, checkpoint_path=args.checkpoint,
-                 config=dict(model.config, **_run_config(args)), desc=name)
+                 config=dict(model.config, **_run_config(args)), desc=name,
+                 log_path=getattr(args, "log", None))
     wall = time.perf_counter() - t0
     if args.eval_every:
         for step, m in hist["eval"]:

@@ -60,7 +60,8 @@ def run(layers=2, d_model=64, heads=4, d_ff=256, epochs=500, lr=1e-3, batch_size
 
     t0 = time.perf_counter()
     hist = train(model, opt, data.batch, forward_loss, epochs * spe, evaluate=evaluate, eval_every=spe,
-                 progress_bar=progress_bar, desc="encoder", log_every=1)
+                 progress_bar=progress_bar, desc="encoder", log_every=1,
+                 log_path=getattr(args, "log", None))
     seconds = time.perf_counter() - t0
     ep = [step // spe for step, _ in hist["eval"]]
     tr = [m["train_mse"] for _, m in hist["eval"]]

@@ -63,6 +63,12 @@ def add_arguments(p):
     g.add_argument("--attention", choices=["plain", "flash"], default="plain",
                    help="attention kernel: plain (stores the T×T probabilities) or flash (the "
                         "online softmax of chapter 24: O(T) memory per head, for long --max-len)")
+    g.add_argument("--gradient-checkpointing", action="store_true",
+                   help="keep only each segment's input and recompute its forward in the backward "
+                        "(chapter 21): less memory, about one more forward pass per step")
+    g.add_argument("--blocks-per-segment", type=int, default=1,
+                   help="with --gradient-checkpointing: blocks recomputed together (k; √L is a "
+                        "good choice)")
     g = p.add_argument_group("training")
     g.add_argument("--steps", type=int, default=500, help="optimizer steps")
     g.add_argument("--batch-size", type=int, default=64, help="windows per step (B)")
@@ -144,7 +150,9 @@ def main(args):
                     max_len=args.max_len, seed=args.seed, d_ff=args.d_ff, norm=args.norm,
                     positions=args.positions, mlp=args.mlp, n_kv_heads=args.n_kv_heads,
                     tie_embeddings=args.tie_embeddings, attention=args.attention,
-                    norm_position=args.norm_position)
+                    norm_position=args.norm_position,
+                    gradient_checkpointing=args.gradient_checkpointing,
+                    blocks_per_segment=args.blocks_per_segment)
     precision = precision_policy(model, args.precision, args.init_scale)
     dp = DataParallel(model, world, zero=args.zero) if world.size > 1 or args.zero else None
 
@@ -176,7 +184,8 @@ def main(args):
                  lr_schedule=schedule, evaluate=evaluate, eval_every=args.eval_every,
                  checkpoint_path=args.checkpoint, checkpoint_every=args.checkpoint_every,
                  progress_bar=False if args.no_progress else None, desc="tinygpt",
-                 data_parallel=dp, precision=precision)
+                 data_parallel=dp, precision=precision,
+                 log_path=getattr(args, "log", None) if world.is_root else None)
     if not hist["eval"]:                                     # resumed at the last step
         hist["eval"].append((args.steps, evaluate(model.eval())))
     for step, m in hist["eval"]:

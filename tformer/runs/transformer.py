@@ -6,6 +6,12 @@ padding, Adam, a warm-up schedule (cosine or the guide's ``min(step^-0.5, step·
 gradient clipping by global norm, gradient accumulation, atomic checkpoints of model + optimizer +
 config + step (``--resume`` continues one bit for bit), and the NaN guard. It ends by printing the
 exact-match accuracy of greedy decoding and of beam search on held-out sequences.
+
+``--batching bucketed`` draws length-bucketed batches under a budget of ``--max-tokens`` padded
+positions (``tformer.data.batching``, chapter 21) instead of fixed batches of ``--batch-size``
+rows padded to the longest possible row; the run then reports the share of padded positions and
+the tokens per second of training for either kind. ``--gradient-checkpointing`` recomputes each
+block's forward pass in the backward pass (``tformer.recompute``).
 """
 import os
 import time
@@ -13,7 +19,8 @@ import time
 import numpy as np
 
 from ..checkpoint import load_checkpoint
-from ..data.sequences import EOS, SequenceTask
+from ..data.batching import BucketedTask
+from ..data.sequences import EOS, PAD, SequenceTask
 from ..models.transformer import Transformer
 from ..optim import Adam, cosine_with_warmup, noam_lr
 from ..precision import PRECISIONS, precision_policy
@@ -35,10 +42,26 @@ def add_arguments(p):
     g.add_argument("--n-layers", type=int, default=2, help="post-norm blocks N")
     g.add_argument("--d-ff", type=int, default=256, help="hidden width of the ReLU FFN")
     g.add_argument("--dropout", type=float, default=0.1, help="dropout probability (off in eval)")
+    g.add_argument("--attention", choices=["plain", "flash"], default="plain",
+                   help="attention kernel: plain (stores the T×T probabilities) or flash (the "
+                        "online softmax of chapter 24)")
+    g.add_argument("--gradient-checkpointing", action="store_true",
+                   help="keep only each segment's input and recompute its forward in the backward")
+    g.add_argument("--blocks-per-segment", type=int, default=1,
+                   help="with --gradient-checkpointing: blocks recomputed together (k; √N is a "
+                        "good choice)")
     g = p.add_argument_group("training")
     g.add_argument("--steps", type=int, default=1500, help="optimizer steps")
     g.add_argument("--batch-size", type=int, default=64, help="sequences per micro-batch")
     g.add_argument("--accum", type=int, default=1, help="micro-batches accumulated per step")
+    g.add_argument("--batching", choices=("fixed", "bucketed"), default="fixed",
+                   help="fixed: --batch-size rows padded to 2·max_len+2; bucketed: rows of similar "
+                        "length, as many as fit in --max-tokens padded positions")
+    g.add_argument("--max-tokens", type=int, default=None,
+                   help="bucketed: token budget B×T_max of a batch (default: --batch-size × "
+                        "(2·max_len+2), the size of a fixed batch)")
+    g.add_argument("--pool-size", type=int, default=1024,
+                   help="bucketed: sequences sorted by length together")
     g.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (reached at step --warmup)")
     g.add_argument("--schedule", choices=("cosine", "noam"), default="cosine",
                    help="cosine with linear warm-up to --lr, or lr·√warmup·min(step^-0.5, step·warmup^-1.5)")
@@ -82,9 +105,16 @@ def main(args):
         args.warmup = max(1, args.steps // 10)
         print(f"--warmup must be below --steps; using {args.warmup}")
     task = SequenceTask(args.task, args.n_symbols, args.min_len, args.max_len, seed=args.seed)
+    if args.batching == "bucketed":
+        max_tokens = args.batch_size * task.seq_len if args.max_tokens is None else args.max_tokens
+        source = BucketedTask(task, max_tokens, args.pool_size, seed=args.seed).batch
+    else:
+        source = lambda i: task.batch(i, args.batch_size)                    # noqa: E731
     model = Transformer(vocab_size=task.vocab_size, d_model=args.d_model, n_heads=args.n_heads,
                         n_layers=args.n_layers, d_ff=args.d_ff, max_len=task.seq_len,
-                        dropout=args.dropout, seed=args.seed)
+                        dropout=args.dropout, seed=args.seed, attention=args.attention,
+                        gradient_checkpointing=args.gradient_checkpointing,
+                        blocks_per_segment=args.blocks_per_segment)
     precision = precision_policy(model, args.precision, args.init_scale)
     opt = Adam(model, lr=args.lr, betas=(0.9, 0.98), eps=1e-9)
     start = 0
@@ -97,22 +127,44 @@ def main(args):
           f"dropout={args.dropout}, {model.num_parameters():,} parameters; "
           f"B={args.batch_size}×{args.accum}, {args.steps} steps, {args.schedule} schedule, "
           f"peak lr {args.lr:g}, clip {args.clip:g}")
+    if args.batching == "bucketed":
+        print(f"bucketed batches: at most {max_tokens} padded positions each, pools of "
+              f"{args.pool_size} sequences")
     heldout = task.heldout(args.eval_size)
     probe = task.heldout(min(200, args.eval_size), seed=args.seed + 1)      # held out, another draw
     n_probe = sum(len(y) for _, y in probe.values())
 
-    def evaluate(m):
-        return {"greedy": task.exact_match(m, probe, "greedy")}
+    count = {"real": 0, "positions": 0, "rows": 0, "batches": 0, "eval_s": 0.0}
 
-    hist = train(model, opt, lambda i: task.batch(i, args.batch_size), task.forward_loss, args.steps,
+    def batch(i):
+        b = source(i)
+        count["real"] += int((b["inputs"] != PAD).sum())
+        count["positions"] += b["inputs"].size
+        count["rows"] += b["inputs"].shape[0]
+        count["batches"] += 1
+        return b
+
+    def evaluate(m):
+        t = time.perf_counter()
+        out = {"greedy": task.exact_match(m, probe, "greedy")}
+        count["eval_s"] += time.perf_counter() - t
+        return out
+
+    hist = train(model, opt, batch, task.forward_loss, args.steps,
                  start_step=start, accum_steps=args.accum, clip_norm=args.clip or None,
                  lr_schedule=make_schedule(args), evaluate=evaluate if args.eval_every else None,
                  eval_every=args.eval_every, checkpoint_path=args.checkpoint,
                  checkpoint_every=args.checkpoint_every, progress_bar=False if args.no_progress else None,
-                 desc="transformer", precision=precision)
+                 desc="transformer", precision=precision, log_path=getattr(args, "log", None))
     if precision is not None:
         print(f"{args.precision}: {len(hist['skipped'])} of {args.steps - start} steps skipped on "
               f"overflow, final loss scale {precision.loss_scale:g}")
+    if count["positions"]:
+        seconds = (hist["time"][-1] if hist["time"] else 0.0) - count["eval_s"]
+        print(f"{args.batching} batches: {count['rows'] / count['batches']:.1f} rows per "
+              f"batch on average, {100 * (1 - count['real'] / count['positions']):.1f}% of the "
+              f"positions padding; {count['real'] / seconds:,.0f} real tokens/s "
+              f"({count['positions'] / seconds:,.0f} positions/s) in {seconds:.1f} s of training")
     for step, m in hist["eval"][:-1]:
         print(f"step {step:5d}: greedy exact match {m['greedy']:.3f} ({n_probe} probe sequences)")
     if hist["loss"]:
