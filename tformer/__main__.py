@@ -1,4 +1,4 @@
-"""``python -m tformer run <system> [flags]``, ``generate``, ``many-processes``, ``quantize``, ``fewer-bits``, ``online-softmax``, ``ablate``.
+"""``python -m tformer run <system> [flags]``, ``generate``, ``many-processes``, ``quantize``, ``fewer-bits``, ``online-softmax``, ``ablate``, ``memory``.
 
 Each run lives in ``tformer/runs/<module>.py`` with ``add_arguments(parser)`` and ``main(args)``.
 """
@@ -70,7 +70,9 @@ def build_parser():
             ("online-softmax", "online_softmax", "plain against online-softmax attention: tile "
                                                  "sizes, peak memory and time (writes a JSON file)"),
             ("ablate", "ablate", "the ablation of the modern block: TinyGPT with each piece "
-                                 "changed alone, seeds, pre/post-norm (writes a JSON file)")):
+                                 "changed alone, seeds, pre/post-norm (writes a JSON file)"),
+            ("memory", "memory", "gradient checkpointing, dynamic batching and gradient norms: the "
+                                 "measurements of the chapter Fitting in memory (writes a JSON file)")):
         mod = _load(module)
         if mod is not None:
             p = sub.add_parser(name, help=help_text, description=help_text,

@@ -1,0 +1,187 @@
+"""``python -m tformer memory``: the measurements of chapter 21, "Fitting in memory" (JSON).
+
+- ``memory``: one TinyGPT training step (forward, cross-entropy, backward; float32, plain causal
+  attention, B = 8, C = 128, H = 4, V = 256) for each (T, L, k) of the sweep, k = 0 meaning no
+  checkpointing and k ≥ 1 checkpointing in segments of k blocks. Each configuration runs in two
+  fresh Python processes (one BLAS thread, one tformer thread): in one, the ``tracemalloc`` peak
+  of the first step, counted from just before it (the parameters, their gradients and the tokens
+  are allocated earlier and not counted); in the other, without tracemalloc, the peak resident set
+  of the first step (``VmHWM`` after ``/proc/self/clear_refs`` was reset, minus ``VmRSS`` before
+  it) and then the median seconds of ``--reps`` more steps.
+- ``batching``: ``run transformer`` with fixed against bucketed batches (``memory_batching``).
+- ``grad_norms``: seed 002's model with and without warm-up and clipping (``memory_batching``).
+
+``--parts`` chooses what to run; the parts not run are kept from an existing ``--out`` file. Each
+part records the command, the git commit, the machine, the date and the load average.
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+DEFAULT_OUT = "book/data/fitting_in_memory.json"
+SHAPE = dict(B=8, d_model=128, n_heads=4, vocab_size=256)
+# (T, L, k): T up to 1024 at L = 4, off and on; L = 2, 4, 8 at T = 512; segments k at L = 8
+SWEEP = ([(T, 4, k) for T in (128, 256, 512, 1024) for k in (0, 1)]
+         + [(512, L, k) for L in (2, 8) for k in (0, 1)]
+         + [(512, 8, k) for k in (2, 3, 4, 8)])
+
+
+def add_arguments(p):
+    p.add_argument("--out", default=DEFAULT_OUT, help="the JSON file to write (parts not run are kept)")
+    p.add_argument("--parts", nargs="+", choices=["memory", "batching", "grad_norms"],
+                   default=["memory", "batching", "grad_norms"], help="what to measure")
+    p.add_argument("--reps", type=int, default=3, help="timed training steps per configuration")
+    p.add_argument("--quick", action="store_true",
+                   help="a few small configurations only (a smoke test, not the book's numbers)")
+    p.add_argument("--batching-steps", type=int, default=1500,
+                   help="training steps of each run of the batching comparison")
+    p.add_argument("--grad-norm-steps", type=int, default=300,
+                   help="training steps of each run of the gradient-norm comparison")
+
+
+def _status(key):
+    """``/proc/self/status`` entry ``key`` (e.g. ``VmHWM``) in bytes, or None."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _reset_peak_rss():
+    """Reset the kernel's high-water mark of this process's resident set (Linux ≥ 4.0)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def setup(T, L, k, B=8, d_model=128, n_heads=4, vocab_size=256, seed=0):
+    """``(model, step)``: a TinyGPT of L blocks (checkpointing in segments of k; k = 0: off) and one
+    training step on fixed random tokens ``(B, T)``."""
+    import numpy as np
+
+    from .. import functional as F
+    from ..models.tinygpt import TinyGPT
+    model = TinyGPT(d_model=d_model, n_heads=n_heads, n_layers=L, max_len=T, vocab_size=vocab_size,
+                    seed=seed, gradient_checkpointing=k > 0, blocks_per_segment=max(k, 1))
+    tokens = np.random.default_rng(seed).integers(0, vocab_size, (B, T + 1))
+    x, y = np.ascontiguousarray(tokens[:, :-1]), np.ascontiguousarray(tokens[:, 1:])
+
+    def step():
+        model.zero_grad()
+        loss, dlogits = F.cross_entropy(model.forward(x), y)
+        model.backward(dlogits)
+        return loss
+    np.ones((64, 64), np.float32) @ np.ones((64, 64), np.float32)   # BLAS's own buffers, before
+    return model, step
+
+
+def probe_traced(T, L, k, **shape):
+    """In this (fresh) process: the tracemalloc peak of the first step, and its loss and gradient."""
+    import tracemalloc
+    model, step = setup(T, L, k, **shape)
+    tracemalloc.start()
+    loss = step()
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return {"peak_bytes": int(peak), "loss": float(loss),
+            "grad_sum": float(model.flat_buffers()[1].astype("float64").sum())}
+
+
+def probe_rss(T, L, k, reps=3, **shape):
+    """In this (fresh) process: the peak resident-set growth of the first step, then the seconds
+    of ``reps`` more steps."""
+    _, step = setup(T, L, k, **shape)
+    reset = _reset_peak_rss()
+    before = _status("VmRSS")
+    step()
+    hwm = _status("VmHWM")
+    seconds = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        step()
+        seconds.append(time.perf_counter() - t)
+    rss = hwm - before if reset and hwm is not None and before is not None else None
+    return {"rss_peak_bytes": rss, "seconds": seconds}
+
+
+def fresh(probe_name, **cfg):
+    """``probe_name(**cfg)`` of this module in a fresh Python process (one thread everywhere)."""
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+               TFORMER_NUM_THREADS="1")
+    code = (f"import json, sys; from tformer.runs.memory import {probe_name}; "
+            f"print(json.dumps({probe_name}(**json.loads(sys.argv[1]))))")
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(cfg)], env=env,
+                         capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"{probe_name} {cfg} failed:\n{out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def measure(T, L, k, reps=3, **shape):
+    """Both probes of one configuration, each in its own fresh process."""
+    shape = dict(SHAPE, **shape)
+    row = dict(T=T, L=L, k=k, **shape)
+    row.update(fresh("probe_traced", T=T, L=L, k=k, **shape))
+    row.update(fresh("probe_rss", T=T, L=L, k=k, reps=reps, **shape))
+    row["median_seconds"] = sorted(row["seconds"])[len(row["seconds"]) // 2]
+    return row
+
+
+def context(argv):
+    """What every part records: the command, the commit, the machine, the date, the load."""
+    from .many_processes import git_commit
+    from .online_softmax import machine
+    return {"command": "python -m tformer " + " ".join(argv), "commit": git_commit(),
+            "machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "load_average": list(os.getloadavg()), "cpus": os.cpu_count()}
+
+
+def memory_part(args):
+    sweep = [(128, 2, 0), (128, 2, 1), (256, 2, 0), (256, 2, 1)] if args.quick else SWEEP
+    rows, t0 = [], time.perf_counter()
+    for T, L, k in sweep:
+        r = measure(T, L, k, args.reps)
+        rows.append(r)
+        rss = r["rss_peak_bytes"]
+        print(f"T={T:5d} L={L} k={k}: tracemalloc peak {r['peak_bytes'] / 2**20:8.1f} MiB, "
+              f"RSS peak {'n/a' if rss is None else f'{rss / 2**20:8.1f} MiB'}, "
+              f"step {r['median_seconds']:.3f} s", flush=True)
+    return {"config": dict(SHAPE, dtype="float32", attention="plain", reps=args.reps,
+                           sweep=[list(s) for s in sweep]),
+            "results": rows, "seconds": time.perf_counter() - t0}
+
+
+def main(args):
+    if args.reps < 1:
+        raise SystemExit(f"--reps: expected at least 1, got {args.reps}")
+    result = {}
+    if os.path.exists(args.out):
+        with open(args.out) as f:
+            result = json.load(f)
+    argv = sys.argv[1:] if sys.argv and sys.argv[0].endswith("__main__.py") else ["memory"]
+    if "memory" in args.parts:
+        result["memory"] = dict(context(argv), **memory_part(args))
+    if "batching" in args.parts or "grad_norms" in args.parts:
+        from .memory_batching import batching_part, grad_norms_part
+        if "batching" in args.parts:
+            result["batching"] = dict(context(argv), **batching_part(args))
+        if "grad_norms" in args.parts:
+            result["grad_norms"] = dict(context(argv), **grad_norms_part(args))
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    tmp = args.out + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(result, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, args.out)
+    print(f"wrote {args.out}")
+    return 0
