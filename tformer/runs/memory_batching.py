@@ -22,8 +22,9 @@ MODEL = dict(d_model=64, n_heads=4, n_layers=2, d_ff=256, dropout=0.1)
 
 
 def fit(task, batching, steps, batch_size=64, lr=2e-3, warmup=150, clip=1.0, seed=0,
-        max_tokens=None, eval_size=500, eval_every=0):
-    """Train seed 002's Transformer on ``task``; returns a dict of the measurements and history."""
+        max_tokens=None, eval_size=500, eval_every=0, stop=None):
+    """Train seed 002's Transformer on ``task`` (a schedule of ``steps`` steps, stopped after
+    ``stop`` if given); returns a dict of the measurements and the history."""
     model = Transformer(vocab_size=task.vocab_size, max_len=task.seq_len, seed=seed, **MODEL)
     opt = Adam(model, lr=lr, betas=(0.9, 0.98), eps=1e-9)
     if batching == "bucketed":
@@ -52,7 +53,7 @@ def fit(task, batching, steps, batch_size=64, lr=2e-3, warmup=150, clip=1.0, see
 
     def schedule(step):
         return cosine_with_warmup(step, lr, warmup, steps, 0.05 * lr)
-    hist = train(model, opt, batch, task.forward_loss, steps, clip_norm=clip or None,
+    hist = train(model, opt, batch, task.forward_loss, stop or steps, clip_norm=clip or None,
                  lr_schedule=schedule, evaluate=evaluate, eval_every=eval_every, desc=batching)
     seconds = hist["time"][-1] - count["eval_s"]
     return {"batching": batching, "steps": steps, "padding_share": 1 - count["real"] / count["positions"],
