@@ -41,3 +41,9 @@ def test_memory_command_writes_json_keeping_other_parts(tmp_path, monkeypatch):
     assert data["batching"] == {"kept": True}
     assert data["memory"]["results"][0]["k"] == 1 and data["memory"]["commit"] is not None
     assert np.isfinite(data["memory"]["results"][0]["loss"])
+
+
+def test_overhead_probe_times_both_kinds_of_step():
+    r = memory.probe_overhead(16, 2, reps=2, B=1, d_model=16, n_heads=2, vocab_size=256)
+    assert set(r) == {"wall_off", "wall_on", "cpu_off", "cpu_on"}
+    assert all(len(v) == 2 and min(v) >= 0 for v in r.values())

@@ -8,6 +8,10 @@
   are allocated earlier and not counted); in the other, without tracemalloc, the peak resident set
   of the first step (``VmHWM`` after ``/proc/self/clear_refs`` was reset, minus ``VmRSS`` before
   it) and then the median seconds of ``--reps`` more steps.
+- ``overhead``: the time of recomputation, in one fresh process per (T, L): a step without and a
+  step with checkpointing (k = 1) in turn, ``--reps`` times each after one warm-up step, timed by
+  the wall clock and by the process's CPU time (which a busy machine inflates much less: the
+  process runs one thread, so its CPU time is the work it did, not the time it waited).
 - ``batching``: ``run transformer`` with fixed against bucketed batches (``memory_batching``).
 - ``grad_norms``: seed 002's model with and without warm-up and clipping (``memory_batching``).
 
@@ -30,8 +34,8 @@ SWEEP = ([(T, 4, k) for T in (128, 256, 512, 1024) for k in (0, 1)]
 
 def add_arguments(p):
     p.add_argument("--out", default=DEFAULT_OUT, help="the JSON file to write (parts not run are kept)")
-    p.add_argument("--parts", nargs="+", choices=["memory", "batching", "grad_norms"],
-                   default=["memory", "batching", "grad_norms"], help="what to measure")
+    p.add_argument("--parts", nargs="+", choices=["memory", "overhead", "batching", "grad_norms"],
+                   default=["memory", "overhead", "batching", "grad_norms"], help="what to measure")
     p.add_argument("--reps", type=int, default=3, help="timed training steps per configuration")
     p.add_argument("--quick", action="store_true",
                    help="a few small configurations only (a smoke test, not the book's numbers)")
@@ -113,6 +117,37 @@ def probe_rss(T, L, k, reps=3, **shape):
     return {"rss_peak_bytes": rss, "seconds": seconds}
 
 
+def probe_overhead(T, L, reps=5, **shape):
+    """In this (fresh) process: wall and CPU seconds of steps without and with checkpointing
+    (k = 1), alternated after one warm-up step of each."""
+    steps = {"off": setup(T, L, 0, **shape)[1], "on": setup(T, L, 1, **shape)[1]}
+    for step in steps.values():
+        step()
+    out = {f"{kind}_{name}": [] for kind in ("wall", "cpu") for name in steps}
+    for _ in range(reps):
+        for name, step in steps.items():
+            w, c = time.perf_counter(), time.process_time()
+            step()
+            out[f"cpu_{name}"].append(time.process_time() - c)
+            out[f"wall_{name}"].append(time.perf_counter() - w)
+    return out
+
+
+def overhead_part(args):
+    pairs = [(128, 2)] if args.quick else [(256, 4), (1024, 4), (512, 8)]
+    rows, t0 = [], time.perf_counter()
+    for T, L in pairs:
+        r = dict(T=T, L=L, **SHAPE, **fresh("probe_overhead", T=T, L=L, reps=args.reps, **SHAPE))
+        med = {k: sorted(v)[len(v) // 2] for k, v in r.items() if isinstance(v, list)}
+        r["cpu_ratio"] = med["cpu_on"] / med["cpu_off"]
+        r["wall_ratio"] = med["wall_on"] / med["wall_off"]
+        rows.append(r)
+        print(f"T={T:5d} L={L}: checkpointed step / plain step = {r['cpu_ratio']:.2f} in CPU time, "
+              f"{r['wall_ratio']:.2f} by the wall clock", flush=True)
+    return {"config": dict(SHAPE, dtype="float32", attention="plain", reps=args.reps, k=1),
+            "results": rows, "seconds": time.perf_counter() - t0}
+
+
 def fresh(probe_name, **cfg):
     """``probe_name(**cfg)`` of this module in a fresh Python process (one thread everywhere)."""
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
@@ -170,6 +205,8 @@ def main(args):
     argv = sys.argv[1:] if sys.argv and sys.argv[0].endswith("__main__.py") else ["memory"]
     if "memory" in args.parts:
         result["memory"] = dict(context(argv), **memory_part(args))
+    if "overhead" in args.parts:
+        result["overhead"] = dict(context(argv), **overhead_part(args))
     if "batching" in args.parts or "grad_norms" in args.parts:
         from .memory_batching import batching_part, grad_norms_part
         if "batching" in args.parts:
