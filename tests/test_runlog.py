@@ -87,3 +87,23 @@ def test_run_transformer_budget_too_small(tmp_path):
                                          "sequence of 18 tokens"):
         cli(["run", "transformer", "--steps", "1", "--batching", "bucketed", "--max-tokens", "10",
              "--checkpoint", str(tmp_path / "t.npz"), "--no-progress"])
+
+
+@pytest.mark.parametrize("argv", [
+    ["attention", "--steps", "3", "--d-model", "4", "--seq-len", "3", "--batch-size", "2",
+     "--eval-batches", "1"],
+    ["transformer2", "--steps", "3", "--d-model", "4", "--d-ff", "4", "--seq-len", "3",
+     "--batch-size", "2", "--eval-batches", "1"],
+    ["encoder", "--epochs", "2", "--n-train", "32", "--n-test", "8", "--layers", "1", "--d-model",
+     "16", "--heads", "2", "--d-ff", "32", "--seq-len", "6", "--no-progress"],
+    ["tinygpt", "--steps", "3", "--d-model", "16", "--n-heads", "2", "--n-layers", "1", "--max-len",
+     "16", "--batch-size", "4", "--eval-windows", "2", "--eval-every", "0", "--sample-tokens", "4",
+     "--temperatures", "1.0", "--gradient-checkpointing", "--no-progress"],
+])
+def test_every_run_writes_its_log(argv, tmp_path, capsys):
+    log = tmp_path / "h.jsonl"
+    extra = [] if argv[0] == "encoder" else ["--checkpoint", str(tmp_path / "c.npz")]
+    cli(["run", *argv, *extra, "--log", str(log)])
+    rows = read_history(log)
+    assert rows and all(math.isfinite(r["grad_norm"]) for r in rows if "grad_norm" in r)
+    assert rows[-1]["step"] >= 2

@@ -39,7 +39,8 @@ def add_arguments(parser):
 
 
 def run(layers=2, d_model=64, heads=4, d_ff=256, epochs=500, lr=1e-3, batch_size=32, seed=0,
-        n_train=256, n_test=64, seq_len=16, vocab_size=65, target=HEADLINE_MSE, progress_bar=None):
+        n_train=256, n_test=64, seq_len=16, vocab_size=65, target=HEADLINE_MSE, progress_bar=None,
+        log_path=None):
     """Train the encoder on the reconstruction set; returns a dict of the results.
 
     Keys: ``model``, ``data``, ``history`` (from ``tformer.train.train``), ``epochs`` and
@@ -61,7 +62,7 @@ def run(layers=2, d_model=64, heads=4, d_ff=256, epochs=500, lr=1e-3, batch_size
     t0 = time.perf_counter()
     hist = train(model, opt, data.batch, forward_loss, epochs * spe, evaluate=evaluate, eval_every=spe,
                  progress_bar=progress_bar, desc="encoder", log_every=1,
-                 log_path=getattr(args, "log", None))
+                 log_path=log_path)
     seconds = time.perf_counter() - t0
     ep = [step // spe for step, _ in hist["eval"]]
     tr = [m["train_mse"] for _, m in hist["eval"]]
@@ -84,7 +85,7 @@ def main(args):
     r = run(layers=args.layers, d_model=args.d_model, heads=args.heads, d_ff=args.d_ff, epochs=args.epochs,
             lr=args.lr, batch_size=args.batch_size, seed=args.seed, n_train=args.n_train,
             n_test=args.n_test, seq_len=args.seq_len, vocab_size=args.vocab_size, target=args.target,
-            progress_bar=False if args.no_progress else None)
+            progress_bar=False if args.no_progress else None, log_path=getattr(args, "log", None))
     print(f"parameters: {r['model'].num_parameters():,}")
     print(f"final MSE (training set, after epoch {r['epochs'][-1]}): {r['final_mse']:.6f}")
     print(f"held-out MSE ({args.n_test} unseen sequences): {r['final_test_mse']:.6f}")
