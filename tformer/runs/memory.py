@@ -41,6 +41,8 @@ def add_arguments(p):
                    help="a few small configurations only (a smoke test, not the book's numbers)")
     p.add_argument("--batching-steps", type=int, default=1500,
                    help="training steps of each run of the batching comparison")
+    p.add_argument("--pool-size", type=int, default=1024,
+                   help="bucketed batches: sequences sorted by length together")
     p.add_argument("--grad-norm-steps", type=int, default=300,
                    help="training steps of each run of the gradient-norm comparison")
 

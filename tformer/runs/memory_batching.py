@@ -22,14 +22,14 @@ MODEL = dict(d_model=64, n_heads=4, n_layers=2, d_ff=256, dropout=0.1)
 
 
 def fit(task, batching, steps, batch_size=64, lr=2e-3, warmup=150, clip=1.0, seed=0,
-        max_tokens=None, eval_size=500, eval_every=0, stop=None):
+        max_tokens=None, eval_size=500, eval_every=0, stop=None, pool_size=1024):
     """Train seed 002's Transformer on ``task`` (a schedule of ``steps`` steps, stopped after
     ``stop`` if given); returns a dict of the measurements and the history."""
     model = Transformer(vocab_size=task.vocab_size, max_len=task.seq_len, seed=seed, **MODEL)
     opt = Adam(model, lr=lr, betas=(0.9, 0.98), eps=1e-9)
     if batching == "bucketed":
         budget = batch_size * task.seq_len if max_tokens is None else max_tokens
-        source = BucketedTask(task, budget, seed=seed).batch
+        source = BucketedTask(task, budget, pool_size, seed=seed).batch
     else:
         source = lambda i: task.batch(i, batch_size)                          # noqa: E731
     count = {"real": 0, "positions": 0, "rows": 0, "batches": 0, "eval_s": 0.0}
@@ -73,14 +73,15 @@ def batching_part(args):
     runs = {}
     for mode in ("fixed", "bucketed"):
         r = fit(task, mode, steps, eval_size=100 if args.quick else 500,
-                eval_every=0 if args.quick else max(1, steps // 3))
+                eval_every=0 if args.quick else max(1, steps // 3), pool_size=args.pool_size)
         r["history"] = {k: v[::10] for k, v in r["history"].items()}      # every 10th step
         runs[mode] = r
         print(f"{mode:8s}: {100 * r['padding_share']:.1f}% padding, {r['rows_per_batch']:.1f} rows "
               f"per batch, {r['tokens_per_s']:,.0f} real tokens/s, loss {r['final_loss']:.4f}, "
               f"exact match {r['exact_match']:.3f} ({r['train_seconds']:.0f} s)", flush=True)
     return {"config": dict(MODEL, task="reverse", n_symbols=10, min_len=1, max_len=32, steps=steps,
-                           batch_size=64, max_tokens=64 * task.seq_len, lr=2e-3, warmup=150, clip=1.0),
+                           batch_size=64, max_tokens=64 * task.seq_len, lr=2e-3, warmup=150, clip=1.0,
+                           pool_size=args.pool_size),
             "results": runs}
 
 
