@@ -41,6 +41,11 @@ def add_arguments(p):
                    help="a few small configurations only (a smoke test, not the book's numbers)")
     p.add_argument("--batching-steps", type=int, default=1500,
                    help="training steps of each run of the batching comparison")
+    p.add_argument("--batching-lengths", type=int, nargs=2, default=[1, 32], metavar=("MIN", "MAX"),
+                   help="sequence lengths of the batching comparison (entry 'batching' for 1 32, "
+                        "else 'batching_MIN_MAX')")
+    p.add_argument("--modes", nargs="+", choices=["fixed", "bucketed"], default=["fixed", "bucketed"],
+                   help="which kinds of batches the batching comparison trains with")
     p.add_argument("--pool-size", type=int, default=1024,
                    help="bucketed batches: sequences sorted by length together")
     p.add_argument("--grad-norm-steps", type=int, default=300,
@@ -210,9 +215,9 @@ def main(args):
     if "overhead" in args.parts:
         result["overhead"] = dict(context(argv), **overhead_part(args))
     if "batching" in args.parts or "grad_norms" in args.parts:
-        from .memory_batching import batching_part, grad_norms_part
+        from .memory_batching import batching_key, batching_part, grad_norms_part
         if "batching" in args.parts:
-            result["batching"] = dict(context(argv), **batching_part(args))
+            result[batching_key(args)] = dict(context(argv), **batching_part(args))
         if "grad_norms" in args.parts:
             result["grad_norms"] = dict(context(argv), **grad_norms_part(args))
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -67,11 +67,13 @@ def fit(task, batching, steps, batch_size=64, lr=2e-3, warmup=150, clip=1.0, see
 
 
 def batching_part(args):
-    """Fixed against bucketed batches on reversal of 1 … 32 symbols (``--batching-steps`` each)."""
+    """Fixed against bucketed batches on reversal of ``--batching-lengths`` symbols
+    (``--batching-steps`` each); ``--modes`` chooses which of the two run."""
     steps = 60 if args.quick else args.batching_steps
-    task = SequenceTask("reverse", 10, 1, 32, seed=0)
+    lo, hi = args.batching_lengths
+    task = SequenceTask("reverse", 10, lo, hi, seed=0)
     runs = {}
-    for mode in ("fixed", "bucketed"):
+    for mode in args.modes:
         r = fit(task, mode, steps, eval_size=100 if args.quick else 500,
                 eval_every=0 if args.quick else max(1, steps // 3), pool_size=args.pool_size)
         r["history"] = {k: v[::10] for k, v in r["history"].items()}      # every 10th step
@@ -79,10 +81,17 @@ def batching_part(args):
         print(f"{mode:8s}: {100 * r['padding_share']:.1f}% padding, {r['rows_per_batch']:.1f} rows "
               f"per batch, {r['tokens_per_s']:,.0f} real tokens/s, loss {r['final_loss']:.4f}, "
               f"exact match {r['exact_match']:.3f} ({r['train_seconds']:.0f} s)", flush=True)
-    return {"config": dict(MODEL, task="reverse", n_symbols=10, min_len=1, max_len=32, steps=steps,
+    return {"config": dict(MODEL, task="reverse", n_symbols=10, min_len=lo, max_len=hi, steps=steps,
                            batch_size=64, max_tokens=64 * task.seq_len, lr=2e-3, warmup=150, clip=1.0,
                            pool_size=args.pool_size),
             "results": runs}
+
+
+def batching_key(args):
+    """The JSON entry of a batching comparison: ``batching`` for lengths 1 … 32, else
+    ``batching_<min>_<max>``."""
+    lo, hi = args.batching_lengths
+    return "batching" if (lo, hi) == (1, 32) else f"batching_{lo}_{hi}"
 
 
 def grad_norms_part(args):
