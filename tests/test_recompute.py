@@ -36,10 +36,13 @@ def _tokens(V, B=3, T=12, seed=0):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("dropout", [0.0, 0.2])
 @pytest.mark.parametrize("every", [1, 2, 3])
-def test_tinygpt_gradients_bit_identical(dtype, dropout, every):
+@pytest.mark.parametrize("kw", [{}, {"norm_position": "post", "norm": "rmsnorm", "positions": "rope",
+                                     "mlp": "swiglu", "n_kv_heads": 1, "tie_embeddings": True}])
+def test_tinygpt_gradients_bit_identical(dtype, dropout, every, kw):
     x, y = _tokens(256)
-    ref = _grads(_tinygpt(dtype, dropout), x, y)
-    got = _grads(_tinygpt(dtype, dropout, gradient_checkpointing=True, blocks_per_segment=every), x, y)
+    ref = _grads(_tinygpt(dtype, dropout, **kw), x, y)
+    got = _grads(_tinygpt(dtype, dropout, gradient_checkpointing=True, blocks_per_segment=every, **kw),
+                 x, y)
     for (l0, g0), (l1, g1) in zip(ref, got):
         assert l0 == l1
         assert g0.keys() == g1.keys()
