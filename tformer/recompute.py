@@ -1,11 +1,13 @@
-"""Activation recomputation ("gradient checkpointing") for a stack of residual blocks.
+"""Activation recomputation ("gradient checkpointing") for a stack of residual blocks::
 
     forward:   x_{s+1} = f_s(x_s)   for each segment s of k consecutive blocks (f_s: their
                composition); keep only x_s and the state of every dropout generator, drop the caches
     backward:  rebuild the caches of segment s by running f_s(x_s) again, then ∂L/∂x_s = f_sᵀ(∂L/∂x_{s+1})
 
 Memory of the activations: ⌈L/k⌉ segment inputs ``(B, T, C)`` plus the caches of one segment of k
-blocks at a time, instead of the caches of all L blocks; k ≈ √L balances the two (Chen et al. 2016).
+blocks at a time, instead of the caches of all L blocks. k ≈ √L balances the two when a block keeps
+about as much as its input (Chen et al. 2016); a Transformer block keeps far more, and k = 1 needs
+the least memory (chapter 21).
 Time: one more forward pass of the blocks per step.
 
 Dropout replays the same masks: each segment's forward records ``bit_generator.state`` of every

@@ -1,4 +1,4 @@
-"""Dynamic batching: length-bucketed batches under a token budget.
+"""Dynamic batching: length-bucketed batches under a token budget::
 
     pool p   = the next P examples of a seeded stream (a shuffled dataset, or lengths drawn afresh)
     sort the pool by length n, cut it into consecutive batches b with |b| · max_{i∈b} T(n_i) ≤ N_tok
