@@ -4,9 +4,10 @@ Each run lives in ``tformer/runs/<module>.py`` with ``add_arguments(parser)`` an
 """
 import os
 
-# The runs train small models: one BLAS thread is as fast as two on an idle machine and many times
-# faster when another process holds a core (threads spin waiting for each other). Set before NumPy
-# is imported; an explicit OPENBLAS_NUM_THREADS / OMP_NUM_THREADS in the environment still wins.
+# tformer.parallel splits its kernels over every core by default (--threads N or TFORMER_NUM_THREADS
+# say otherwise) and holds BLAS at one thread per call meanwhile; with one tformer thread, BLAS keeps
+# one thread too, so that --threads 1 means one core. Set before NumPy is imported; an explicit
+# OPENBLAS_NUM_THREADS / OMP_NUM_THREADS in the environment still wins.
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
@@ -79,11 +80,39 @@ def build_parser():
                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
             mod.add_arguments(p)
             p.set_defaults(func=mod.main)
+    for p in _leaves(parser):
+        p.add_argument("--threads", type=_threads, default=argparse.SUPPRESS, metavar="N",
+                       help="threads of tformer's kernels (default: TFORMER_NUM_THREADS, else every "
+                            "core this process may use, shared among the MPI ranks on this host)")
     return parser
 
 
+def _leaves(parser):
+    """Every parser that runs a command (those with no subcommands of their own)."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        return [parser]
+    return [leaf for a in subs for p in dict.fromkeys(a.choices.values()) for leaf in _leaves(p)]
+
+
+def _threads(text):
+    """``--threads``: an integer ≥ 1, else argparse's usage error naming the flag."""
+    from .parallel import parse_num_threads
+    try:
+        return parse_num_threads(text, "--threads")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--threads: ")) from None
+
+
 def main(argv=None):
+    try:
+        from . import parallel                    # reads TFORMER_NUM_THREADS at import
+    except ValueError as e:                       # a bad value: one line, not a traceback
+        print(f"python -m tformer: error: {e}", file=sys.stderr)
+        return 2
     args = build_parser().parse_args(argv)
+    if getattr(args, "threads", None) is not None:
+        parallel.set_num_threads(args.threads)
     # Under mpiexec, one rank of the job: rank 0 prints; an error on one rank aborts them all.
     from .distributed import RankError, run_command
     from .train import NonFiniteLossError

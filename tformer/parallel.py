@@ -14,11 +14,16 @@ Two rules keep it honest:
   (tested); a product split by rows agrees to float rounding, because OpenBLAS itself rounds a
   block of rows differently from the whole (as its own threads do).
 - **One level of threads.** While tformer runs ``n > 1`` threads, BLAS is limited to one thread
-  per call (through ``threadpoolctl``): its own spinning worker threads would otherwise hold the
-  cores that tformer's elementwise work needs. ``set_num_threads(1)`` (the default) gives BLAS its
-  own threading back, and everything runs on the calling thread as before.
+  per call (through ``threadpoolctl``, for the whole process): its own spinning worker threads
+  would otherwise hold the cores that tformer's elementwise work needs. ``set_num_threads(1)``
+  gives BLAS its own threading back, and everything runs on the calling thread.
 
-The environment variable ``TFORMER_NUM_THREADS`` sets the count at import.
+**The default is every core**, as in PyTorch: at import the count is ``TFORMER_NUM_THREADS`` if
+that is set (an integer ≥ 1; anything else is a ``ValueError`` naming it), else
+``default_num_threads()``: the cores this process may run on (its CPU affinity, which a container
+or ``taskset`` may restrict), divided among the ranks of an MPI job on this host, since they
+share those cores. The book's notebooks and tests pin one thread (the Makefile exports
+``TFORMER_NUM_THREADS=1``), so that their stored numbers do not depend on the reader's core count.
 """
 import math
 import os
@@ -183,14 +188,63 @@ def _part(fn, *args):
         _local.inside = False
 
 
-def _from_env():
-    value = os.environ.get("TFORMER_NUM_THREADS")
-    if value:
+# Set by MPI launchers in each process they start: how many ranks of the job run on this host
+# (MPICH/Hydra and Intel MPI; Open MPI; PMIx launchers).
+LOCAL_RANKS_VARIABLES = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMIX_LOCAL_SIZE")
+
+
+def available_cores():
+    """The number of cores this process may run on: its CPU affinity where the OS reports one
+    (``os.sched_getaffinity``: a container, ``taskset`` or a batch system may allow fewer than the
+    machine has), else ``os.cpu_count()``."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):              # macOS, Windows: no affinity call
+        return max(1, os.cpu_count() or 1)
+
+
+def local_ranks(environ=None):
+    """How many processes of an MPI job share this host (1 outside MPI), from the launcher's
+    variables (``LOCAL_RANKS_VARIABLES``); a value that is not a positive integer is ignored."""
+    environ = os.environ if environ is None else environ
+    for var in LOCAL_RANKS_VARIABLES:
         try:
-            n = int(value)
+            n = int(environ.get(var, ""))
         except ValueError:
-            raise ValueError(f"TFORMER_NUM_THREADS: expected an integer ≥ 1, got {value!r}") from None
-        set_num_threads(n)
+            continue
+        if n >= 1:
+            return n
+    return 1
 
 
-_from_env()
+def default_num_threads(environ=None, cores=None):
+    """n = max(1, ⌊cores / ranks on this host⌋): every available core, shared evenly among the
+    local ranks of an MPI job (each rank's threads then have cores of their own)."""
+    cores = available_cores() if cores is None else cores
+    return max(1, cores // local_ranks(environ))
+
+
+def parse_num_threads(value, name="TFORMER_NUM_THREADS"):
+    """``value`` (a string, e.g. from the environment or the command line) as an integer ≥ 1;
+    otherwise a ``ValueError`` naming ``name``, the expected and the actual value."""
+    text = str(value).strip()
+    try:
+        n = int(text)
+    except ValueError:
+        n = None
+    if n is None or n < 1:
+        raise ValueError(f"{name}: expected an integer ≥ 1 (threads per process), got {value!r}")
+    return n
+
+
+def threads_from_env(environ=None, cores=None):
+    """The thread count at import: ``TFORMER_NUM_THREADS`` when set and not empty, else
+    ``default_num_threads()``."""
+    environ = os.environ if environ is None else environ
+    value = environ.get("TFORMER_NUM_THREADS", "")
+    if value.strip():
+        return parse_num_threads(value)
+    return default_num_threads(environ, cores)
+
+
+set_num_threads(threads_from_env())
