@@ -19,7 +19,8 @@
 #                    installed on first use from requirements-lab.txt
 #   make torch       install the test set (requirements-test.txt: the PyTorch CPU build and the rest)
 #   make run         run each source system: python -m tformer run SYSTEM (SYSTEMS="...")
-#   make bench       python benchmarks/run.py
+#   make bench       python -m tformer bench: training and generation against PyTorch, written
+#                    to book/data/bench.json (chapter 20 reads it); BENCH_FLAGS="..." adds flags
 #   make clean       remove _build and caches (keeps .venv)
 
 SHELL := bash
@@ -218,8 +219,11 @@ run: $(STAMP)
 	done; \
 	if [ -n "$$failed" ]; then echo "failed:$$failed" >&2; exit 1; fi
 
-bench: $(STAMP)
-	$(BIN)/python benchmarks/run.py
+# No thread variable is exported here: the benchmark measures what each library does by default
+# (every core), unless BENCH_FLAGS says --threads N.
+BENCH_FLAGS ?=
+bench: $(TEST_STAMP)
+	$(BIN)/python -m tformer bench $(BENCH_FLAGS)
 
 clean:
 	rm -rf _build .pytest_cache .ruff_cache

@@ -1,10 +1,10 @@
-"""benchmarks/: FLOP counts, the PyTorch twin of TinyGPT, the profiler, the driver's bookkeeping, and
+"""tformer.bench: FLOP counts, the PyTorch twin of TinyGPT, the profiler, the driver's bookkeeping, and
 the fast paths of the shared kernels that the benchmark work introduced. No timing assertions."""
-import importlib.util
+import importlib
+import json
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,18 +16,10 @@ from tformer.kernels.softmax import _softmax_inplace
 from tformer.models.tinygpt import TinyGPT
 from tformer.optim import Adam, AdamW
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
-
 
 def _load(name):
-    """benchmarks/<name>.py by path: benchmarks/ is not a package and stays off sys.path."""
-    key = f"tformer_bench_{name}"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, BENCH / f"{name}.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[key] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[key]
+    """``tformer.bench.<name>``, an ordinary import (torch_gpt imports torch)."""
+    return importlib.import_module(f"tformer.bench.{name}")
 
 
 TINY = dict(d_model=4, n_heads=2, n_layers=1, vocab_size=5, d_ff=8)
@@ -145,36 +137,119 @@ def after_is(before):
 
 # --- run.py bookkeeping -----------------------------------------------------------------------------
 
-def test_run_summarise_and_verdict_report_misses_with_their_size():
+def _train_side(times, peak_mb=10.0):
+    return dict(times=times, cpu_times=[0.1] * len(times), peak_mb=peak_mb, loss=5.5, loadavg_1min=[0, 0])
+
+
+def test_run_summary_and_verdict_state_every_round_and_every_target():
     run = _load("run")
-    side = dict(times=[0.2, 0.1, 0.3], cpu_times=[0.1] * 3, peak_mb=10.0, loss=5.5, loadavg_1min=[0, 0],
-                profile=dict(categories={"linear": 3.0, "gelu": 1.0}))
-    s = run.summarise(side, flops=2e9, peak=100.0)
-    assert s["median_s"] == 0.2 and s["min_s"] == 0.1
+    s = run.summarise_train(_train_side([0.2, 0.1, 0.3]), flops=2e9, peak=100.0)
+    assert s["median_s"] == 0.2 and s["min_s"] == 0.1 and s["peak_mb"] == 10.0
     assert math.isclose(s["gflops"], 10.0) and math.isclose(s["frac_peak"], 0.1)
-    fast = dict(s, median_s=0.1)
-    results = dict(headline_malloc="default", sizes={
-        "small": {"default": dict(tformer=s, torch=fast, ratio=0.5)},
-        "large": {"default": dict(tformer=s, torch=s, ratio=1.0)}})
+    fast = dict(s, median_s=0.1, peak_mb=30.0)
+    gen = dict(tformer=dict(tokens_per_s=100.0), torch=dict(tokens_per_s=80.0),
+               tformer_nocache=dict(tokens_per_s=10.0))
+    results = dict(training={
+        "small": dict(rounds=[dict(tformer=s, torch=fast, ratio=0.5), dict(tformer=s, torch=s, ratio=1.0),
+                              dict(tformer=s, torch=s, ratio=1.2)]),
+        "large": dict(rounds=[dict(tformer=s, torch=s, ratio=1.0)])},
+        generation={"1": dict(rounds=[dict(gen, cache_speedup=10.0, ratio=1.25),
+                                      dict(gen, cache_speedup=4.0, ratio=0.9)])})
+    results["summary"] = run.summary(results)
+    small = results["summary"]["training"]["small"]
+    assert small["ratios"] == [0.5, 1.0, 1.2] and small["ratio"] == 1.0
+    assert small["torch"]["peak_mb"] == 10.0 and small["tformer"]["peak_mb"] == 10.0   # medians
+    g = results["summary"]["generation"]["1"]
+    assert g["cache_speedups"] == [10.0, 4.0] and g["cache_speedup"] == 7.0 and g["ratio"] == 1.075
     lines = run.verdict(results)
-    assert "small" in lines[0] and "MISSED by 0.500" in lines[0] and "linear 75%" in lines[0]
-    assert "met" in lines[1]
-    assert "10.0% of the GEMM peak" in lines[2] and "MISSED by 30.0 points" in lines[2]
+    assert lines[0] == "training, small: torch/tformer = 0.500, 1.000, 1.200 (NOT ≥ 1.0 in every round)"
+    assert lines[1] == "training, large: torch/tformer = 1.000 (≥ 1.0 in every round)"
+    assert lines[2] == "training, large: tformer at 10% of the GEMM peak (NOT ≥ 40%)"
+    assert lines[3] == "generation, batch 1: KV cache 10.0, 4.0× faster than recomputing (NOT ≥ 5×)"
+    assert lines[4] == "generation, batch 1: torch/tformer = 1.250, 0.900 (NOT ≥ 1 in every round)"
 
 
 def test_run_batch_is_next_token_shifted_and_sizes_are_the_issue_s():
-    run = _load("run")
-    x, y = run._batch(2, 5)
+    tr = _load("training")
+    x, y = tr.batch(2, 5)
     assert x.shape == y.shape == (2, 5) and np.array_equal(x[:, 1:], y[:, :-1])
-    assert run.SIZES["large"] == dict(d_model=512, n_heads=8, n_layers=4, T=256, B=8)
-    assert run.SIZES["medium"] == dict(d_model=256, n_heads=8, n_layers=4, T=128, B=16)
-    assert run.SIZES["small"] == dict(d_model=64, n_heads=4, n_layers=2, T=64, B=32)
+    assert tr.SIZES["large"] == dict(d_model=512, n_heads=8, n_layers=4, T=256, B=8)
+    assert tr.SIZES["medium"] == dict(d_model=256, n_heads=8, n_layers=4, T=128, B=16)
+    assert tr.SIZES["small"] == dict(d_model=64, n_heads=4, n_layers=2, T=64, B=32)
 
 
-def test_run_rejects_an_unknown_size():
-    out = subprocess.run([sys.executable, str(BENCH / "run.py"), "--sizes", "huge"], capture_output=True,
-                         text=True)
-    assert out.returncode == 2 and "--sizes" in out.stderr
+@pytest.mark.parametrize("flags, message", [
+    (["--sizes", "huge"], "--sizes: expected a subset of ['small', 'medium', 'large'], got 'huge'"),
+    (["--rounds", "0"], "--rounds: expected an integer ≥ 1, got 0"),
+    (["--gen-batches", "1,x"], "--gen-batches: expected comma-separated integers, got '1,x'"),
+    (["--gen-batches", "0"], "--gen-batches: expected an integer ≥ 1, got 0")])
+def test_bench_rejects_bad_flags_before_measuring_anything(flags, message, tmp_path):
+    from tformer.__main__ import build_parser
+    args = build_parser().parse_args(["bench", *flags, "--out", str(tmp_path / "b.json")])
+    with pytest.raises(ValueError) as e:
+        args.func(args)
+    assert str(e.value) == message
+    assert not (tmp_path / "b.json").exists()
+
+
+def test_workers_see_no_thread_setting_by_default_and_every_one_with_threads(monkeypatch):
+    run = _load("run")
+    for var in run.THREAD_VARIABLES:
+        monkeypatch.setenv(var, "7")
+    env = run.worker_env(None, "tformer")
+    assert not any(v in env for v in run.THREAD_VARIABLES)
+    assert run.worker_env(None, "torch")["TFORMER_NUM_THREADS"] == "1"      # its setup's TinyGPT only
+    assert all(run.worker_env(3, "tformer")[v] == "3" for v in run.THREAD_VARIABLES)
+    assert all(run.worker_env(None, "tformer", "tuned")[k] == v for k, v in run.MALLOC_TUNED.items())
+
+
+def test_bench_modules_import_without_torch():
+    code = ("import sys; import tformer.bench.run, tformer.bench.flops, tformer.bench.op_profile, "
+            "tformer.bench.training, tformer.bench.generation; print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_a_tiny_bench_run_writes_its_json(tmp_path):
+    """The whole driver end to end at the smallest settings (its numbers are not checked: timing)."""
+    pytest.importorskip("torch")
+    out = tmp_path / "bench.json"
+    r = subprocess.run([sys.executable, "-m", "tformer", "bench", "--sizes", "small", "--rounds", "1",
+                        "--steps", "1", "--warmup", "0", "--gen-batches", "2", "--gen-new", "4",
+                        "--gen-reps", "1", "--threads", "1", "--out", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert res["threads"] == 1 and res["commit"] and res["date"] and res["machine"]["available_cores"] >= 1
+    train = res["training"]["small"]["rounds"][0]
+    assert train["tformer"]["tformer_threads"] == 1 and train["torch"]["torch_threads"] == 1
+    assert train["tformer"]["peak_mb"] > 0 and train["torch"]["peak_mb"] > 0
+    gen = res["generation"]["2"]["rounds"][0]
+    assert gen["torch"]["logit_check"] < 1e-4 and gen["same_tokens"] == 1.0
+    assert set(res["summary"]["generation"]["2"]) >= {"tformer", "torch", "tformer_nocache", "cache_speedup"}
+    assert len(res["verdict"]) == 3
+
+
+# --- generation: the torch twin's KV cache -----------------------------------------------------------
+
+@pytest.mark.torch_parity
+def test_torch_twin_kv_cache_decoding_matches_tinygpt_float64():
+    torch = pytest.importorskip("torch")
+    gen, tg = _load("generation"), _load("torch_gpt")
+    from tformer.generate import greedy
+    model = TinyGPT(d_model=16, n_heads=4, n_layers=2, max_len=24, vocab_size=11, seed=5, dtype=np.float64)
+    tm = tg.from_tinygpt(model).eval()
+    prompt = np.random.default_rng(0).integers(0, 11, (3, 4))
+    assert gen.check_against_tformer(model, tm, prompt, n_check=20) < 1e-12
+    ours = greedy(model, prompt, 20)
+    theirs = tg.greedy_kv(tm, torch.from_numpy(prompt), 20).numpy()
+    assert np.array_equal(ours, theirs)
+    with torch.inference_mode():                         # the cached logits equal a full forward pass
+        full = tm(torch.from_numpy(ours[:, :-1]))
+        logits, past = tm.decode(torch.from_numpy(ours[:, :10]))
+        step, _ = tm.decode(torch.from_numpy(ours[:, 10:11]), past)
+    assert torch.allclose(logits, full[:, :10], rtol=0, atol=1e-12)
+    assert torch.allclose(step[:, 0], full[:, 10], rtol=0, atol=1e-12)
 
 
 # --- the fast paths in the shared kernels ------------------------------------------------------------

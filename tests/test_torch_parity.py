@@ -5,10 +5,7 @@ Each test takes the ``torch`` fixture (tests/conftest.py), which marks it ``torc
 torch it is skipped with the reason, and the run fails. The PyTorch side builds its own masks and
 positions from the same inputs, so a wrong mask in tformer cannot hide behind a shared one.
 """
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,9 +14,6 @@ import tformer.functional as F
 from tformer.models.tinygpt import TinyGPT
 from tformer.optim import AdamW, cosine_with_warmup
 from tformer.train import train
-
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
-
 
 def randn(*shape, seed=0):
     return np.random.default_rng(seed).standard_normal(shape)
@@ -267,14 +261,9 @@ def test_cross_entropy(torch, ignore_index, lead):
 # --- a short training run of TinyGPT -----------------------------------------------------------
 
 def _torch_gpt():
-    """benchmarks/torch_gpt.py, the PyTorch twin of TinyGPT (loaded by path, as tests/test_benchmarks.py does)."""
-    key = "tformer_bench_torch_gpt"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, BENCH / "torch_gpt.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[key] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[key]
+    """tformer.bench.torch_gpt, the PyTorch twin of TinyGPT (importing it imports torch)."""
+    import tformer.bench.torch_gpt as tg
+    return tg
 
 
 V, B, T, STEPS, CLIP = 64, 8, 16, 20, 1.0

@@ -80,6 +80,11 @@ def build_parser():
                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
             mod.add_arguments(p)
             p.set_defaults(func=mod.main)
+    from .bench import run as bench
+    p = sub.add_parser("bench", help="training and generation against PyTorch (writes a JSON file)",
+                       description=bench.__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    bench.add_arguments(p)
+    p.set_defaults(func=bench.main)
     for p in _leaves(parser):
         p.add_argument("--threads", type=_threads, default=argparse.SUPPRESS, metavar="N",
                        help="threads of tformer's kernels (default: TFORMER_NUM_THREADS, else every "

@@ -8,7 +8,8 @@ The same architecture in the form a PyTorch user would write it: ``nn.Embedding`
 ``nn.Linear`` (fused ``W_qkv``), ``F.scaled_dot_product_attention(is_causal=True)`` and
 ``F.gelu(approximate="tanh")``. ``nn.Linear`` stores ``weight: (d_out, d_in)``, the transpose of
 tformer's ``W: (d_in, d_out)``, so ``from_tinygpt`` copies ``W.T`` and ``grads_as_tformer`` transposes
-back. Used by the benchmark and by the tests (tests/test_benchmarks.py, and the training-trajectory
+back. ``decode`` and ``greedy_kv`` generate with a key/value cache kept as a list of tensors grown
+by ``torch.cat``. Used by the benchmark and by the tests (tests/test_benchmarks.py, and the training-trajectory
 test in tests/test_torch_parity.py).
 """
 import numpy as np
@@ -40,6 +41,19 @@ class Block(nn.Module):
         x = x + self.o(y.transpose(1, 2).reshape(B, T, C))                       # (B, T, C)
         return x + self.fc2(TF.gelu(self.fc1(self.ln2(x)), approximate="tanh"))  # (B, T, C)
 
+    def decode(self, x, past=None):
+        """The same block for generation: ``past`` = the (k, v) of earlier positions, (B, H, t, D)
+        each, or None; returns ``(x, (k, v))`` with the new positions appended (``torch.cat``)."""
+        B, T, C = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.H, C // self.H).transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
+        if past is not None:
+            k, v = torch.cat((past[0], k), dim=2), torch.cat((past[1], v), dim=2)  # (B, H, t + T, D)
+        # one new query sees every cached key: no mask; a prompt (no past) is causal
+        y = TF.scaled_dot_product_attention(q, k, v, is_causal=past is None and T > 1)
+        x = x + self.o(y.transpose(1, 2).reshape(B, T, C))
+        return x + self.fc2(TF.gelu(self.fc1(self.ln2(x)), approximate="tanh")), (k, v)
+
 
 class TorchGPT(nn.Module):
     """logits = TorchGPT(tokens): ``tokens: (B, T)`` int64 -> ``logits: (B, T, V)``."""
@@ -59,6 +73,30 @@ class TorchGPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.lm_head(self.ln_f(x))                                        # (B, T, V)
+
+    def decode(self, tokens, past=None):
+        """Logits of new tokens after the cached ones: ``tokens: (B, T)`` -> ``((B, T, V), past)``,
+        ``past`` a list of one (k, v) per block (None: nothing cached yet)."""
+        start = 0 if past is None else past[0][0].shape[2]
+        T = tokens.shape[1]
+        x = self.wte(tokens) + self.wpe.weight[start:start + T]                  # (B, T, C)
+        new_past = []
+        for i, block in enumerate(self.blocks):
+            x, kv = block.decode(x, None if past is None else past[i])
+            new_past.append(kv)
+        return self.lm_head(self.ln_f(x)), new_past
+
+
+@torch.inference_mode()
+def greedy_kv(tm, prompt, max_new_tokens):
+    """Greedy decoding with a KV cache, the loop a PyTorch user writes: the prompt once, then one
+    token per step. ``prompt: (B, T0)`` int64 tensor -> ``(B, T0 + max_new_tokens)``."""
+    out, past, feed = prompt, None, prompt
+    for _ in range(max_new_tokens):
+        logits, past = tm.decode(feed, past)                                     # (B, T, V)
+        feed = logits[:, -1].argmax(dim=-1, keepdim=True)                        # (B, 1)
+        out = torch.cat((out, feed), dim=1)
+    return out
 
 
 def _name_map(n_layers):

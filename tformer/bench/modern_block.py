@@ -1,6 +1,6 @@
 """Time the modern block's pieces against the seed's, interleaved, and print ratios (chapter 25).
 
-    OPENBLAS_NUM_THREADS=1 TFORMER_NUM_THREADS=1 python benchmarks/modern_block.py [--repeats 15]
+    OPENBLAS_NUM_THREADS=1 TFORMER_NUM_THREADS=1 python -m tformer.bench.modern_block [--repeats 15]
 
 1. Causal attention, forward + backward, float32, B=8, H=8, T=256, D=32: multi-head (H_kv = 8),
    grouped-query with H_kv = 2 and 1, and, as the copy it avoids, H_kv = 2 done by repeating K and
@@ -21,10 +21,10 @@ import time
 
 import numpy as np
 
-import tformer.functional as F
-from tformer.models.tinygpt import TinyGPT
-from tformer.modern_layers import swiglu_hidden
-from tformer.optim import AdamW
+from .. import functional as F
+from ..models.tinygpt import TinyGPT
+from ..modern_layers import swiglu_hidden
+from ..optim import AdamW
 
 
 def attention_cases(rng):

@@ -1,6 +1,6 @@
 """Per-op profile of one TinyGPT training step: where the milliseconds go.
 
-    python benchmarks/op_profile.py [--size small|medium|large] [--steps N] [--clock wall|cpu]
+    python -m tformer.bench.op_profile [--size small|medium|large] [--steps N] [--clock wall|cpu]
 
 Every kernel of ``tformer.functional`` (``linear_forward``, ``attention_backward``, ...), the
 ``forward`` and ``backward`` of every layer class, ``cross_entropy``, ``zero_grad`` and the optimizer's
@@ -17,21 +17,11 @@ import functools
 import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-# Run as a script, benchmarks/ is sys.path[0]: take it off (its files are not package modules) and
-# make sure the repository root is importable; siblings are loaded by path.
-if sys.path and sys.path[0] and Path(sys.path[0]).resolve() == HERE:
-    sys.path.pop(0)
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from tformer import functional as F  # noqa: E402
-from tformer.kernels import attention as _katt  # noqa: E402
+from .. import functional as F
+from ..kernels import attention as _katt
 
 _LAYER_CLASSES = ("Linear", "Embedding", "LayerNorm", "Dropout", "Activation", "FeedForward")
 
@@ -152,20 +142,11 @@ def group(rows):
 
 def build(size):
     """A float32 TinyGPT of a benchmark size, its AdamW, and one batch ``(x, y)``."""
-    import importlib.util
-    run = sys.modules.get("tformer_bench_run")
-    if run is None:
-        spec = importlib.util.spec_from_file_location("tformer_bench_run", HERE / "run.py")
-        run = importlib.util.module_from_spec(spec)
-        sys.modules["tformer_bench_run"] = run
-        spec.loader.exec_module(run)
-    OPT, SIZES, VOCAB, _batch = run.OPT, run.SIZES, run.VOCAB, run._batch
-    from tformer.models.tinygpt import TinyGPT
-    from tformer.optim import AdamW
+    from ..optim import AdamW
+    from .training import OPT, SIZES, batch, tinygpt
     s = SIZES[size]
-    model = TinyGPT(d_model=s["d_model"], n_heads=s["n_heads"], n_layers=s["n_layers"], max_len=s["T"],
-                    vocab_size=VOCAB, seed=0)
-    x, y = _batch(s["B"], s["T"])
+    model = tinygpt(size)
+    x, y = batch(s["B"], s["T"])
     return model, AdamW(model, **OPT), x, y
 
 

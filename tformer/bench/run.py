@@ -1,0 +1,334 @@
+"""``python -m tformer bench`` (``make bench``): training and generation, tformer against PyTorch.
+
+    python -m tformer bench [--sizes small,medium,large] [--rounds 3] [--steps 10] [--threads N]
+                            [--gen-batches 1,8] [--gen-new 256] [--out book/data/bench.json]
+
+**Training**: one TinyGPT training step (``training.py``) at each size, tformer and PyTorch, each
+in its own fresh subprocess; the median of ``--steps`` steps after ``--warmup``, the peak memory of
+each side, and the ratio torch time / tformer time (above 1: tformer is faster).
+**Generation** (``generation.py``): the medium TinyGPT, greedy, ``--gen-new`` tokens after a
+``--gen-prompt``-token prompt, at each batch of ``--gen-batches``: tformer with its KV cache,
+PyTorch with a KV cache, tformer without one; tokens per second and the cache's speed-up.
+**GEMM peak**: the best float32 ``A @ B`` rate of NumPy's BLAS on square matrices.
+
+Everything is measured ``--rounds`` times in one run (the two sides of a comparison one right
+after the other, their order alternating from round to round), so each ratio compares two
+measurements made under the same load; the 1-minute load average around each is recorded.
+
+**Threads**: without ``--threads``, no thread setting reaches any side: the variables
+``TFORMER_NUM_THREADS``, ``OPENBLAS_NUM_THREADS``, ``OMP_NUM_THREADS`` and ``MKL_NUM_THREADS``
+are removed from the workers' environment, and each library takes its own default (tformer and
+PyTorch: every core), which is what a user gets. ``--threads N`` sets all of them, and
+``torch.set_num_threads``, to N. Each side reports the thread count it ran with.
+
+The result, with the command line, the commit, the machine, the date and the load, is written
+atomically to ``--out`` (default ``book/data/bench.json``, which chapter 20 reads).
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from . import training
+from .training import MALLOC_TUNED, SIZES, TARGET_PEAK, TARGET_RATIO, VOCAB
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_OUT = ROOT / "book" / "data" / "bench.json"
+THREAD_VARIABLES = ("TFORMER_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+TARGET_CACHE_SPEEDUP = 5.0
+
+
+def add_arguments(p):
+    """The bench command's flags."""
+    p.add_argument("--sizes", default="small,medium,large",
+                   help="training sizes, a comma-separated subset of " + ", ".join(SIZES))
+    p.add_argument("--rounds", type=int, default=3, help="every measurement this many times")
+    p.add_argument("--steps", type=int, default=10, help="timed training steps per side and round")
+    p.add_argument("--warmup", type=int, default=2, help="untimed training steps first")
+    p.add_argument("--malloc", default="default", choices=("default", "tuned"),
+                   help="glibc's allocator as a user gets it, or keeping freed memory ("
+                        + " ".join(f"{k}={v}" for k, v in MALLOC_TUNED.items()) + ")")
+    p.add_argument("--gen-batches", default="1,8", help="batch sizes of the generation benchmark "
+                                                        "('' to skip it)")
+    p.add_argument("--gen-new", type=int, default=256, help="new tokens per generation")
+    p.add_argument("--gen-prompt", type=int, default=16, help="prompt tokens")
+    p.add_argument("--gen-reps", type=int, default=3,
+                   help="timed generations per cached side and round (without the cache: one)")
+    p.add_argument("--no-torch", action="store_true", help="tformer alone")
+    p.add_argument("--out", default=str(DEFAULT_OUT), help="the JSON file to write")
+
+
+# --- workers: one fresh subprocess per measurement ----------------------------------------------
+
+def worker_main(spec):
+    """Run the measurement that ``spec`` names (in the worker subprocess); its result dict."""
+    from . import generation
+    kind, a = spec["kind"], spec["args"]
+    if kind == "gemm":
+        return training.worker_gemm(a["threads"])
+    if kind == "train-tformer":
+        return training.worker_tformer(a["size"], a["warmup"], a["steps"], a["threads"],
+                                       profile=a["profile"])
+    if kind == "train-torch":
+        return training.worker_torch(a["size"], a["warmup"], a["steps"], a["threads"])
+    if kind == "gen-tformer":
+        return generation.worker_tformer(a["B"], a["prompt"], a["new"], a["reps"], cache=a["cache"])
+    if kind == "gen-torch":
+        return generation.worker_torch(a["B"], a["prompt"], a["new"], a["reps"], a["threads"])
+    raise ValueError(f"kind: unknown worker {kind!r}")
+
+
+def worker_env(threads, side, malloc="default"):
+    """The environment of one worker: thread variables removed (``threads=None``) or all set to
+    ``threads``. The torch side builds a TinyGPT only to copy its weights: tformer runs one
+    thread there."""
+    env = {k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES and k not in MALLOC_TUNED}
+    if threads is not None:
+        env.update({v: str(threads) for v in THREAD_VARIABLES})
+    if side == "torch":
+        env["TFORMER_NUM_THREADS"] = "1"
+    env["TFORMER_PROGRESS"] = "0"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    if malloc == "tuned":
+        env.update(MALLOC_TUNED)
+    return env
+
+
+def run_worker(kind, threads, malloc="default", **args):
+    """``worker_main`` of ``{kind, args}`` in a fresh Python; the result, with the load around it."""
+    spec = json.dumps({"kind": kind, "args": dict(args, threads=threads)})
+    side = "torch" if kind.endswith("torch") else "tformer"
+    load0 = os.getloadavg()[0]
+    out = subprocess.run([sys.executable, "-m", "tformer.bench.run", "--worker", spec],
+                         env=worker_env(threads, side, malloc), capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"worker {kind} {args} failed:\n{out.stderr[-3000:]}")
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    res["loadavg_1min"] = [load0, os.getloadavg()[0]]
+    return res
+
+
+# --- the measurements ----------------------------------------------------------------------------
+
+def summarise_train(side, flops, peak):
+    """Median, quartiles and rates of one side's step times."""
+    t = statistics.median(side["times"])
+    q = statistics.quantiles(side["times"], n=4) if len(side["times"]) >= 2 else [t, t, t]
+    gf = flops / t / 1e9
+    out = dict(median_s=t, q1_s=q[0], q3_s=q[2], min_s=min(side["times"]),
+               cpu_median_s=statistics.median(side["cpu_times"]), gflops=gf, frac_peak=gf / peak,
+               peak_mb=side["peak_mb"], loss=side["loss"], loadavg_1min=side["loadavg_1min"])
+    for key in ("tracemalloc_step_peak_mb", "profile", "loss_check", "torch", "n_params",
+                "tformer_threads", "torch_threads"):
+        if key in side:
+            out[key] = side[key]
+    return out
+
+
+def measure_training(size, a, r, use_torch, peak, flops):
+    """Both sides of one size in round ``r`` (their order alternates): ``{tformer, torch, ratio}``."""
+    args = dict(size=size, steps=a.steps, warmup=a.warmup)
+    sides = ["tformer", "torch"] if use_torch else ["tformer"]
+    row = {}
+    for side in (sides if r % 2 == 0 else sides[::-1]):
+        extra = dict(profile=r == 0) if side == "tformer" else {}
+        row[side] = summarise_train(run_worker(f"train-{side}", a.threads, a.malloc, **args, **extra),
+                                    flops, peak)
+    if use_torch:
+        row["ratio"] = row["torch"]["median_s"] / row["tformer"]["median_s"]
+    return row
+
+
+def measure_generation(B, a, r, use_torch):
+    """Generation at batch ``B`` in round ``r``: every side, speed-up and ratio."""
+    base = dict(B=B, prompt=a.gen_prompt, new=a.gen_new)
+    jobs = [("tformer", "gen-tformer", dict(reps=a.gen_reps, cache=True)),
+            ("tformer_nocache", "gen-tformer", dict(reps=1, cache=False))]
+    if use_torch:
+        jobs.insert(1, ("torch", "gen-torch", dict(reps=a.gen_reps)))
+    row = {}
+    for name, kind, extra in (jobs if r % 2 == 0 else jobs[::-1]):
+        row[name] = run_worker(kind, a.threads, a.malloc, **base, **extra)
+    row["cache_speedup"] = row["tformer_nocache"]["seconds"] / row["tformer"]["seconds"]
+    if use_torch:
+        row["ratio"] = row["torch"]["seconds"] / row["tformer"]["seconds"]
+        ours, theirs = row["tformer"]["tokens"], row["torch"]["tokens"]
+        row["same_tokens"] = sum(x == y for u, v in zip(ours, theirs) for x, y in zip(u, v)) / (B * a.gen_new)
+    for name in ("tformer", "torch", "tformer_nocache"):
+        if name in row:
+            row[name].pop("tokens")
+    return row
+
+
+def summary(results):
+    """Per size and per batch: the median over rounds of each time and each ratio, and the rounds' ratios."""
+    out = {"training": {}, "generation": {}}
+    for size, row in results["training"].items():
+        rounds = row["rounds"]
+        s = {side: {k: statistics.median(rr[side][k] for rr in rounds)
+                    for k in ("median_s", "peak_mb", "frac_peak", "gflops")}
+             for side in ("tformer", "torch") if side in rounds[0]}
+        if "ratio" in rounds[0]:
+            s["ratios"] = [rr["ratio"] for rr in rounds]
+            s["ratio"] = statistics.median(s["ratios"])
+        out["training"][size] = s
+    for B, row in results["generation"].items():
+        rounds = row["rounds"]
+        s = {side: {"tokens_per_s": statistics.median(rr[side]["tokens_per_s"] for rr in rounds)}
+             for side in ("tformer", "torch", "tformer_nocache") if side in rounds[0]}
+        s["cache_speedups"] = [rr["cache_speedup"] for rr in rounds]
+        s["cache_speedup"] = statistics.median(s["cache_speedups"])
+        if "ratio" in rounds[0]:
+            s["ratios"] = [rr["ratio"] for rr in rounds]
+            s["ratio"] = statistics.median(s["ratios"])
+        out["generation"][B] = s
+    return out
+
+
+def verdict(results):
+    """One line per target of issue 16 (and the GEMM-peak target): met in every round, or not."""
+    lines, summ = [], results["summary"]
+    for size, s in summ["training"].items():
+        if "ratios" in s:
+            ok = min(s["ratios"]) >= TARGET_RATIO
+            lines.append(f"training, {size}: torch/tformer = " + ", ".join(f"{x:.3f}" for x in s["ratios"])
+                         + f" ({'≥' if ok else 'NOT ≥'} {TARGET_RATIO} in every round)")
+    if "large" in summ["training"]:
+        f = summ["training"]["large"]["tformer"]["frac_peak"]
+        lines.append(f"training, large: tformer at {f:.0%} of the GEMM peak "
+                     f"({'≥' if f >= TARGET_PEAK else 'NOT ≥'} {TARGET_PEAK:.0%})")
+    for B, s in summ["generation"].items():
+        ok = min(s["cache_speedups"]) >= TARGET_CACHE_SPEEDUP
+        lines.append(f"generation, batch {B}: KV cache " + ", ".join(f"{x:.1f}" for x in s["cache_speedups"])
+                     + f"× faster than recomputing ({'≥' if ok else 'NOT ≥'} {TARGET_CACHE_SPEEDUP:.0f}×)")
+        if "ratios" in s:
+            ok = min(s["ratios"]) >= 1.0
+            lines.append(f"generation, batch {B}: torch/tformer = " + ", ".join(f"{x:.3f}" for x in s["ratios"])
+                         + f" ({'≥' if ok else 'NOT ≥'} 1 in every round)")
+    return lines
+
+
+def machine():
+    """What the numbers were measured on."""
+    model = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None)
+    except OSError:
+        pass
+    from ..parallel import available_cores
+    return dict(platform=platform.platform(), cpu=model or platform.processor(),
+                cpu_count=os.cpu_count(), available_cores=available_cores(),
+                python=platform.python_version())
+
+
+def write_json(path, data):
+    """``data`` to ``path`` atomically (a temporary file in the same folder, then a rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def _check(a):
+    sizes = [s.strip() for s in a.sizes.split(",") if s.strip()]
+    if any(s not in SIZES for s in sizes):
+        raise ValueError(f"--sizes: expected a subset of {list(SIZES)}, got {a.sizes!r}")
+    try:
+        batches = [int(b) for b in a.gen_batches.split(",") if b.strip()]
+    except ValueError:
+        raise ValueError(f"--gen-batches: expected comma-separated integers, got {a.gen_batches!r}") from None
+    for name, value, low in (("--rounds", a.rounds, 1), ("--steps", a.steps, 1), ("--warmup", a.warmup, 0),
+                             ("--gen-new", a.gen_new, 1), ("--gen-prompt", a.gen_prompt, 1),
+                             ("--gen-reps", a.gen_reps, 1), ("--threads", a.threads or 1, 1),
+                             *(("--gen-batches", b, 1) for b in batches)):
+        if value < low:
+            raise ValueError(f"{name}: expected an integer ≥ {low}, got {value}")
+    return sizes, batches
+
+
+def main(a):
+    a.threads = getattr(a, "threads", None)     # python -m tformer's --threads: every library, both sides
+    sizes, batches = _check(a)
+    from .flops import breakdown
+    from .training import have_torch
+    use_torch = not a.no_torch and have_torch()
+    if not use_torch and not a.no_torch:
+        print("PyTorch is not installed (pip install torch==2.13.0, the CPU build): tformer alone.")
+    t_start = time.perf_counter()
+    from ..runs.fewer_bits import git_commit
+    commit, dirty = git_commit()
+    results = dict(command="python -m tformer bench " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["bench"]
+                                                                else sys.argv[1:]),
+                   commit=commit, dirty=dirty,
+                   date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                   machine=machine(), threads=a.threads or "default", malloc=a.malloc, rounds=a.rounds,
+                   steps=a.steps, warmup=a.warmup, loadavg_start=list(os.getloadavg()),
+                   generation_config=dict(batches=batches, new=a.gen_new, prompt=a.gen_prompt,
+                                          reps=a.gen_reps, vocab=VOCAB))
+    gemm = run_worker("gemm", a.threads)
+    peak = results["gemm_peak_gflops"] = gemm["gflops"]
+    results["gemm"] = gemm
+    print(f"float32 GEMM peak (NumPy's BLAS, {gemm['threads']} threads): {peak:.1f} GFLOP/s; "
+          f"load average {os.getloadavg()[0]:.2f}", flush=True)
+    results["training"] = {}
+    for size in sizes:
+        s = SIZES[size]
+        fl = breakdown(dict(s, vocab_size=VOCAB, d_ff=4 * s["d_model"]), s["B"], s["T"])
+        results["training"][size] = dict(config=s, flops=fl, rounds=[])
+    results["generation"] = {str(B): dict(rounds=[]) for B in batches}
+    for r in range(a.rounds):
+        for size in sizes:
+            row = measure_training(size, a, r, use_torch, peak, results["training"][size]["flops"]["total"])
+            results["training"][size]["rounds"].append(row)
+            print(_train_line(size, r, row), flush=True)
+        for B in batches:
+            row = measure_generation(B, a, r, use_torch)
+            results["generation"][str(B)]["rounds"].append(row)
+            print(_gen_line(B, r, row), flush=True)
+    results["summary"] = summary(results)
+    results["verdict"] = verdict(results)
+    results["loadavg_end"] = list(os.getloadavg())
+    results["seconds"] = time.perf_counter() - t_start
+    print("\n".join(results["verdict"]))
+    write_json(a.out, results)
+    print(f"wrote {a.out} ({results['seconds']:.0f} s)")
+    return 0
+
+
+def _train_line(size, r, row):
+    parts = [f"round {r + 1} training {size:<6}"]
+    for side in ("tformer", "torch"):
+        if side in row:
+            x = row[side]
+            parts.append(f"{side} {x['median_s'] * 1e3:7.1f} ms {x['peak_mb']:5.0f} MB")
+    if "ratio" in row:
+        parts.append(f"ratio {row['ratio']:.3f}")
+    return "  ".join(parts)
+
+
+def _gen_line(B, r, row):
+    parts = [f"round {r + 1} generation B={B}"]
+    for side in ("tformer", "torch", "tformer_nocache"):
+        if side in row:
+            parts.append(f"{side} {row[side]['tokens_per_s']:7.0f} tok/s")
+    parts.append(f"cache ×{row['cache_speedup']:.1f}")
+    if "ratio" in row:
+        parts.append(f"torch/tformer {row['ratio']:.3f}")
+    return "  ".join(parts)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["--worker"] or len(sys.argv) != 3:
+        sys.exit("usage: python -m tformer bench [flags] (this module's own entry runs one worker)")
+    print(json.dumps(worker_main(json.loads(sys.argv[2]))))
