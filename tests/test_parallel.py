@@ -305,3 +305,17 @@ def test_causal_path_refuses_nan_like_the_masked_path():
     for kw in ({"is_causal": True}, {"mask": F.causal_mask(70)}):
         with pytest.raises(ValueError, match="x: contains NaN or \\+inf"):
             F.attention_forward(q, q, q, **kw)
+
+
+@pytest.mark.parametrize("kw", [{}, {"n_kv_heads": 2}, {"rope": True}, {"fused_qkv": True}])
+def test_kv_cache_decoding_paths_equal_the_full_causal_pass(kw):
+    """A prompt entering an empty cache takes the causal path; each later single token takes the
+    unmasked one (it may see every cached key): both equal rows of one full causal pass."""
+    from tformer.attention import MultiHeadAttention
+    att = MultiHeadAttention(16, n_heads=4, causal=True, dtype=np.float64, seed=1, **kw)
+    x = np.random.default_rng(6).standard_normal((2, 9, 16))
+    full = att(x)
+    cache = att.new_cache(2, 9)
+    parts = [att.forward(x[:, :5], kv_cache=cache)]
+    parts += [att.forward(x[:, t:t + 1], kv_cache=cache) for t in range(5, 9)]
+    assert np.abs(np.concatenate(parts, axis=1) - full).max() < 1e-12

@@ -131,9 +131,15 @@ class MultiHeadAttention(Module):
             _, att_cache = F.flash_attention_forward(q, k, v, mask, self.scale, is_causal=self.causal,
                                                      out=y)
             self.att = None
-        elif self.causal and mask is None and kv_cache is None:
-            # Training and scoring: the kernel's causal path skips the masked tiles.
+        elif self.causal and mask is None and q.shape[2] == k.shape[2]:
+            # Training, scoring, and a prompt entering an empty KV cache: the kernel's causal path
+            # skips the masked tiles.
             _, att_cache = F.attention_forward(q, k, v, None, self.scale, is_causal=True, out=y)
+            self.att = att_cache[3]
+        elif mask is None and q.shape[2] == 1:
+            # Decoding one token: it is the last position, so it may see every cached key and the
+            # causal mask (1, T_k) would be all True; no mask is built or applied.
+            _, att_cache = F.attention_forward(q, k, v, None, self.scale, out=y)
             self.att = att_cache[3]
         else:
             full = self._mask(q.shape[2], k.shape[2], mask)
