@@ -97,3 +97,26 @@ def test_threads_flag_sets_the_count_for_the_command(monkeypatch):
         assert seen == [3, before]
     finally:
         parallel.set_num_threads(before)
+
+
+def test_a_forked_child_starts_its_own_workers():
+    """With the default of every core, a pool exists at import; after ``fork`` its threads are gone
+    from the child, which must not wait for them forever."""
+    import multiprocessing as mp
+    before = parallel.get_num_threads()
+    parallel.set_num_threads(2)
+    try:
+        parallel.parallel_for(lambda lo, hi: None, 100)         # the parent's pool is running
+        ctx = mp.get_context("fork")
+        with ctx.Pool(1) as pool:
+            result = pool.apply_async(_split_in_child)
+            assert result.get(timeout=60) == (2, 2)              # both halves ran, in the child
+    finally:
+        parallel.set_num_threads(before)
+
+
+def _split_in_child():
+    import threading
+    seen = set()
+    parallel.parallel_for(lambda lo, hi: seen.add(threading.get_ident()), 100)
+    return parallel.get_num_threads(), len(seen)

@@ -94,7 +94,7 @@ def parallel_for(fn, n, grain=1):
     align = 8 if n >= 64 * parts else 1
     bounds = [0] + [min(n, -(-(n * i // parts) // align) * align) for i in range(1, parts)] + [n]
     jobs = [(fn, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:]) if hi > lo]
-    _pool.run(jobs, lambda: _part(fn, bounds[0], bounds[1]))
+    _workers().run(jobs, lambda: _part(fn, bounds[0], bounds[1]))
 
 
 def run_tasks(*tasks):
@@ -105,7 +105,7 @@ def run_tasks(*tasks):
     """
     if _n_threads == 1 or len(tasks) == 1 or getattr(_local, "inside", False):
         return [t() for t in tasks]
-    first, rest = _pool.run([(t,) for t in tasks[1:]], lambda: _part(tasks[0]))
+    first, rest = _workers().run([(t,) for t in tasks[1:]], lambda: _part(tasks[0]))
     return [first, *rest]
 
 
@@ -177,6 +177,26 @@ class _Workers:
             self.jobs.put(None)
         for t in self.threads:
             t.join()
+
+
+def _workers():
+    """The pool, started again if this process is a fork of one that had it (see ``_after_fork``)."""
+    global _pool
+    if _pool is None:
+        _pool = _Workers(_n_threads - 1)
+    return _pool
+
+
+def _after_fork():
+    """In a child made by ``fork`` (``multiprocessing`` on Linux) only the forking thread exists:
+    the parent's workers are gone. Forget them; the child starts its own at its first split."""
+    global _pool
+    _pool = None
+    _local.__dict__.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 def _part(fn, *args):
