@@ -82,7 +82,10 @@ def build_parser():
             p.set_defaults(func=mod.main)
     from .bench import run as bench
     p = sub.add_parser("bench", help="training and generation against PyTorch (writes a JSON file)",
-                       description=bench.__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       description="Training and generation, tformer against PyTorch (make bench). "
+                       "--threads N sets every library's threads on both sides; without it, "
+                       "each runs on its defaults.",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     bench.add_arguments(p)
     p.set_defaults(func=bench.main)
     for p in _leaves(parser):
