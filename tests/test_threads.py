@@ -32,7 +32,8 @@ def test_the_environment_variable_wins_over_the_default_and_is_validated():
     assert parallel.threads_from_env({"TFORMER_NUM_THREADS": ""}, cores=8) == 8           # empty: unset
     assert parallel.threads_from_env({"TFORMER_NUM_THREADS": "2", "MPI_LOCALNRANKS": "2"}, cores=2) == 2
     for bad in ("0", "-1", "two", "1.5", "2x", "+-3"):
-        with pytest.raises(ValueError, match=re.escape(f"TFORMER_NUM_THREADS: expected an integer ≥ 1 (threads per process), got '{bad}'")):
+        message = f"TFORMER_NUM_THREADS: expected an integer ≥ 1 (threads per process), got '{bad}'"
+        with pytest.raises(ValueError, match=re.escape(message)):
             parallel.threads_from_env({"TFORMER_NUM_THREADS": bad})
 
 

@@ -46,7 +46,7 @@ def worker_tformer(B, prompt_len, new, reps, cache=True):
     from .. import parallel
     from ..generate import greedy
     model, prompt = model_and_prompt(B, prompt_len, new)
-    greedy(model, prompt, min(8, new), use_cache=cache)                                 # warm-up
+    greedy(model, prompt, min(8, new), use_cache=cache)                         # warm-up
     out = None
 
     def run():
@@ -93,7 +93,7 @@ def worker_torch(B, prompt_len, new, reps, threads):
     if not err < 1e-4:
         raise AssertionError(f"generation: tformer and torch logits differ by {err:.2e} (relative)")
     p = torch.from_numpy(prompt)
-    greedy_kv(tm, p, min(8, new))                                                     # warm-up
+    greedy_kv(tm, p, min(8, new))                                               # warm-up
     out = None
 
     def run():
