@@ -43,7 +43,7 @@ def test_needs_a_name():
 
 # Chapters whose {literalinclude} blocks are still to be converted (python tools/source_cells.py);
 # the lab renders such a block as nothing. Remove a name once its chapter is converted.
-PENDING = {"20_performance"}
+PENDING = set()
 
 
 def test_no_chapter_shows_code_the_lab_cannot_render():
