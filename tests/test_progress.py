@@ -1,6 +1,7 @@
 """tformer.progress: a widget in a Jupyter kernel with ipywidgets, text elsewhere, off on request."""
 import sys
 import types
+from pathlib import Path
 
 import pytest
 from tqdm import tqdm
@@ -48,3 +49,13 @@ def test_text_bar_in_a_kernel_without_ipywidgets(monkeypatch):
     assert not in_widget_kernel()
     bar = progress(range(2), file=sys.stderr)
     assert type(bar) is tqdm
+
+
+def test_the_widget_pin_is_the_same_for_the_tests_and_the_lab():
+    root = Path(__file__).resolve().parents[1]
+
+    def pin(name):
+        lines = (root / name).read_text().splitlines()
+        return [line for line in lines if line.startswith("ipywidgets==")]
+
+    assert pin("requirements-test.txt") == pin("requirements-lab.txt") != []

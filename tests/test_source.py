@@ -60,3 +60,18 @@ def test_no_chapter_shows_code_the_lab_cannot_render():
     assert with_blocks <= PENDING, (f"{sorted(with_blocks - PENDING)}: {{literalinclude}} blocks; "
                                     "python tools/source_cells.py notebooks/X.ipynb converts them")
     assert PENDING <= with_blocks, f"{sorted(PENDING - with_blocks)} converted: remove from PENDING"
+
+
+def test_source_of_a_module_whose_optional_dependency_is_missing(monkeypatch):
+    """tformer.bench.torch_gpt needs torch; without torch its code is read from the file, as is."""
+    import sys
+
+    from tformer.source import source_of
+    with_torch = source_of("tformer.bench.torch_gpt.Block")
+    monkeypatch.delitem(sys.modules, "tformer.bench.torch_gpt", raising=False)
+    monkeypatch.setitem(sys.modules, "torch", None)            # import torch now fails
+    without = source_of("tformer.bench.torch_gpt.Block")
+    assert without == with_torch
+    assert without[0] == "tformer/bench/torch_gpt.py" and without[1].startswith("class Block")
+    with pytest.raises(ValueError, match="NoSuchThing"):
+        source_of("tformer.bench.torch_gpt.NoSuchThing")

@@ -5,7 +5,9 @@ package at the moment the cell runs, so the package stays the one copy. ``show_s
 returns a ``Source`` whose rich display is a fenced Python block (``text/markdown``: highlighted in
 the built book and in JupyterLab) and whose plain text is the code itself, which nbval compares.
 """
+import ast
 import importlib
+import importlib.util
 import inspect
 import textwrap
 from pathlib import Path
@@ -52,9 +54,43 @@ def _resolve(name):
     raise ValueError(f"name: no module of tformer in {name!r}")
 
 
+def _source_unimported(name, missing):
+    """``(file, code)`` of ``name`` read from its module's file without running it: the fallback
+    for a module whose optional dependency (``missing``, e.g. torch) is not installed."""
+    parts = name.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        spec = importlib.util.find_spec(".".join(parts[:cut]))
+        if spec is not None and spec.origin and spec.origin.endswith(".py"):
+            break
+    else:
+        raise ValueError(f"name: no module of tformer in {name!r}")
+    path = Path(spec.origin).resolve()
+    text = path.read_text(encoding="utf-8")
+    node = ast.parse(text)
+    for attr in parts[cut:]:
+        found = [n for n in getattr(node, "body", []) if getattr(n, "name", None) == attr
+                 and isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+        if not found:
+            raise ValueError(f"name: {name!r} not found in {path.name} (read without importing "
+                             f"it: {missing!r} is not installed)")
+        node = found[-1]
+    start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+    code = textwrap.dedent("\n".join(text.splitlines()[start - 1:node.end_lineno])).rstrip("\n")
+    return path.relative_to(PACKAGE_ROOT.parent).as_posix(), code
+
+
 def source_of(name):
-    """``(file, code)``: the file relative to the repository and the dedented source of ``name``."""
-    obj = _resolve(name)
+    """``(file, code)``: the file relative to the repository and the dedented source of ``name``.
+
+    A module that needs an optional dependency which is missing (``tformer.bench.torch_gpt``
+    without torch) is read as text instead, so a chapter shows its code either way.
+    """
+    try:
+        obj = _resolve(name)
+    except ModuleNotFoundError as e:
+        if e.name is None or e.name.split(".")[0] == "tformer":
+            raise
+        return _source_unimported(name, e.name)
     target = inspect.unwrap(obj)
     try:
         file = Path(inspect.getsourcefile(target)).resolve()

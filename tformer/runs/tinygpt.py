@@ -11,9 +11,9 @@ and rank 0 alone prints and writes the checkpoint; ``--zero`` also shards AdamW'
 ``--resume`` continues from ``--checkpoint`` (written every ``--checkpoint-every`` steps) bit for bit
 in the same world size, and in any other up to float rounding.
 
-``python -m tformer`` runs with one BLAS thread unless ``OPENBLAS_NUM_THREADS`` says otherwise (see
-``tformer/__main__.py``): at this size a second thread gains little on an idle machine and costs a lot
-on a busy one. The default run takes about 3.5 minutes here.
+``python -m tformer`` splits tformer's kernels over every core the process may use and holds BLAS at
+one thread per call meanwhile (``tformer.parallel``; ``--threads N`` or ``TFORMER_NUM_THREADS`` say
+otherwise, see ``tformer/__main__.py``). The default run takes a few minutes on 2 cores.
 """
 import math
 import os
