@@ -274,6 +274,29 @@ def test_notebook_hygiene(path):
     assert not problems, f"{path.relative_to(ROOT)}:\n  " + "\n  ".join(problems)
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[str(p.relative_to(ROOT)) for p in NOTEBOOKS])
+def test_notebook_is_valid_nbformat(path):
+    """The schema check that JupyterLab and `jupyter trust` apply (e.g. no outputs on a Markdown
+    cell): an invalid notebook is reported as an error on every `make lab` start."""
+    import nbformat
+    nb = nbformat.read(path, as_version=4)
+    try:
+        nbformat.validate(nb)
+    except nbformat.ValidationError as e:
+        pytest.fail(f"{path.relative_to(ROOT)} is not valid nbformat: {e.message}")
+
+
+def test_nbformat_check_flags_outputs_on_a_markdown_cell():
+    import nbformat
+    nb = nbformat.from_dict(_good_notebook())
+    for i, cell in enumerate(nb.cells):
+        cell["id"] = f"cell-{i}"
+    nbformat.validate(nb)                                   # valid as written
+    nb.cells[0]["outputs"] = []
+    with pytest.raises(nbformat.ValidationError):
+        nbformat.validate(nb)
+
+
 # --- the checker itself: it must flag a bad notebook, or the tests above prove nothing ----------
 
 def _cell(source, count=None, outputs=()):
