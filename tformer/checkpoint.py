@@ -9,11 +9,12 @@ int8 checkpoints of ``tformer.quantize`` (their ``meta`` holds a ``quantized`` e
 """
 import json
 import os
-import tempfile
 import zipfile
 import zlib
 
 import numpy as np
+
+from .atomic import atomic_open
 
 
 # Config keys that choose how the same function is computed, not which function: the attention
@@ -58,19 +59,8 @@ def save_checkpoint(path, model, optimizer=None, config=None, step=0, extra=None
 def write_npz(path, arrays):
     """``np.savez(path, **arrays)`` written atomically: a temporary file in the same folder, then
     renamed over ``path``. Returns ``path``."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".npz")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    with atomic_open(path, "wb") as f:
+        np.savez(f, **arrays)
     return path
 
 

@@ -13,7 +13,8 @@ import io
 import json
 import math
 import os
-import tempfile
+
+from .atomic import atomic_open
 
 STEP_KEYS = ("step", "loss", "lr", "grad_norm", "clip_ratio", "time", "loss_scale")
 
@@ -67,19 +68,8 @@ def write_history(path, hist):
         raise TypeError(f"path: expected a file name, got {path!r}")
     fmt = "csv" if os.fspath(path).lower().endswith(".csv") else "jsonl"
     text = format_history(hist, fmt)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix="." + fmt)
-    try:
-        with os.fdopen(fd, "w", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    with atomic_open(path, "w", newline="") as f:
+        f.write(text)
     return path
 
 

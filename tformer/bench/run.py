@@ -24,7 +24,6 @@ PyTorch: every core), which is what a user gets. ``--threads N`` sets all of the
 The result, with the command line, the commit, the machine, the date and the load, is written
 atomically to ``--out`` (default ``book/data/bench.json``, which chapter 20 reads).
 """
-import argparse
 import datetime
 import json
 import os
@@ -32,10 +31,10 @@ import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+from ..atomic import write_json
 from . import training
 from .training import MALLOC_TUNED, SIZES, TARGET_PEAK, TARGET_RATIO, VOCAB
 
@@ -229,17 +228,6 @@ def machine():
     return dict(platform=platform.platform(), cpu=model or platform.processor(),
                 cpu_count=os.cpu_count(), available_cores=available_cores(),
                 python=platform.python_version())
-
-
-def write_json(path, data):
-    """``data`` to ``path`` atomically (a temporary file in the same folder, then a rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1)
-        f.write("\n")
-    os.replace(tmp, path)
 
 
 def _check(a):

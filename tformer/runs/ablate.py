@@ -32,6 +32,7 @@ from datetime import datetime, timezone
 import numpy as np
 
 from .. import functional as F
+from ..atomic import write_json
 from ..data.text import TextData, bits_per_byte, evaluate_loss, stdlib_documents
 from ..models.tinygpt import TinyGPT
 from ..modern_layers import swiglu_hidden
@@ -182,14 +183,6 @@ def summarize(runs, names):
     return out
 
 
-def _write(path, result):
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(result, f, indent=1)
-    os.replace(tmp, path)
-
-
 def _check(args):
     for name in ("d_model", "n_heads", "n_layers", "max_len", "batch_size", "steps", "eval_every",
                  "eval_windows"):
@@ -258,7 +251,7 @@ def main(args):
             finished=datetime.now(timezone.utc).isoformat(timespec="seconds"))
         if earlier:
             result["earlier_sessions"] = earlier
-        _write(args.out, result)
+        write_json(args.out, result)
     bar.close()
     summary = summarize(runs, names)
     print(f"{'configuration':20s} {'params':>8s}  final val bits/byte (mean ± std, n)   vs baseline")

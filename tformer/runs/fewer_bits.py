@@ -13,7 +13,6 @@ The file holds the configuration and the git commit it ran on; chapter 22 reads 
 first steps of one configuration live. About 40 minutes on 2 busy cores.
 """
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -26,6 +25,7 @@ import numpy as np
 
 from .. import functional as F
 from .._dtypes import bfloat16, float16, matmul
+from ..atomic import write_json
 from ..checkpoint import save_checkpoint
 from ..data.text import encode
 from ..generate import sample
@@ -319,13 +319,7 @@ def main(args):
     with tempfile.TemporaryDirectory() as work:
         result["quantization"] = quantization(fp32_model, argsets["fp32"], work, args.gen_tokens)
     result["seconds"] = time.perf_counter() - t0
-    folder = os.path.dirname(os.path.abspath(args.out))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(_clean(result), f, indent=1)
-        f.write("\n")
-    os.replace(tmp, args.out)
+    write_json(args.out, _clean(result))
     q = result["quantization"]
     print(f"quantized: w8 {q['w8_bytes']:,} bytes ({100 * q['w8_bytes'] / q['float32_weights_bytes']:.1f}% "
           f"of float32), val {q['val_bpb']['w8']:.4f}; w8a8 val {q['val_bpb']['w8a8']:.4f}; "

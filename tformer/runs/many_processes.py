@@ -25,6 +25,7 @@ import time
 import numpy as np
 
 from .. import functional as F
+from ..atomic import write_json
 from ..data.text import TextData, bits_per_byte, evaluate_loss
 from ..distributed import DataParallel, get_world, launch, local_slice
 from ..models.tinygpt import TinyGPT
@@ -226,10 +227,6 @@ def main(args):
         "curves": {n: {"loss": c["loss"], "val_bpb": c["val_bpb"]} for n, c in curves.items()},
         "seconds": time.perf_counter() - t0,
     }
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    tmp = args.out + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(result, f, indent=1)
-    os.replace(tmp, args.out)
+    write_json(args.out, result)
     print(f"wrote {args.out} ({result['seconds']:.0f} s)")
     return 0

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 
+from ..atomic import write_json
 from .many_processes import git_commit
 
 DEFAULT_OUT = "book/data/online_softmax.json"
@@ -229,11 +230,7 @@ def main(args):
                                                    causal=True, reps=args.reps,
                                                    mem_total=_mem_total()),
                                results=rows, seconds=time.perf_counter() - t0)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    tmp = args.out + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(result, f, indent=1)
-    os.replace(tmp, args.out)
+    write_json(args.out, result)
     print(f"wrote {args.out}")
     return 0
 
