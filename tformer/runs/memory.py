@@ -24,6 +24,8 @@ import subprocess
 import sys
 import time
 
+from ..atomic import write_json
+
 DEFAULT_OUT = "book/data/fitting_in_memory.json"
 SHAPE = dict(B=8, d_model=128, n_heads=4, vocab_size=256)
 # (T, L, k): T up to 1024 at L = 4, off and on; L = 2, 4, 8 at T = 512; segments k at L = 8
@@ -220,12 +222,6 @@ def main(args):
             result[batching_key(args)] = dict(context(argv), **batching_part(args))
         if "grad_norms" in args.parts:
             result["grad_norms"] = dict(context(argv), **grad_norms_part(args))
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    tmp = args.out + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(result, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, args.out)
+    write_json(args.out, result)
     print(f"wrote {args.out}")
     return 0
