@@ -75,3 +75,46 @@ def test_source_of_a_module_whose_optional_dependency_is_missing(monkeypatch):
     assert without[0] == "tformer/bench/torch_gpt.py" and without[1].startswith("class Block")
     with pytest.raises(ValueError, match="NoSuchThing"):
         source_of("tformer.bench.torch_gpt.NoSuchThing")
+
+
+def _show_source_cells():
+    """``(chapter, cell index, names, stored text/plain)`` of every cell that only calls
+    ``show_source`` with literal names."""
+    import ast
+    import json
+    from pathlib import Path
+
+    found = []
+    for path in sorted(Path(__file__).resolve().parents[1].glob("notebooks/*.ipynb")):
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        for i, cell in enumerate(cells):
+            src = "".join(cell["source"])
+            if cell["cell_type"] != "code" or "show_source(" not in src:
+                continue
+            calls = [node for node in ast.walk(ast.parse(src)) if isinstance(node, ast.Call)
+                     and getattr(node.func, "id", None) == "show_source"]
+            if len(calls) != 1 or not all(isinstance(a, ast.Constant) for a in calls[0].args):
+                continue
+            shown = [o["data"]["text/plain"] for o in cell.get("outputs", [])
+                     if o.get("output_type") == "execute_result"]
+            found.append((path.stem, i, [a.value for a in calls[0].args],
+                          "".join(shown[0]) if shown else None))
+    return found
+
+
+SHOWN = _show_source_cells()
+
+
+def test_chapters_show_code():
+    assert len(SHOWN) > 50
+
+
+@pytest.mark.parametrize("chapter, cell, names, stored", SHOWN,
+                         ids=[f"{c}-cell{i}" for c, i, _, _ in SHOWN])
+def test_stored_listing_is_the_current_code(chapter, cell, names, stored):
+    """A chapter's stored listing equals the package's code now: a change to a shown function
+    needs its chapter re-executed (make execute NB=...), found here before nbval runs."""
+    assert stored is not None, f"{chapter} cell {cell}: show_source without a stored output"
+    assert stored == repr(show_source(*names)), (
+        f"{chapter} cell {cell} shows an older version of {', '.join(names)}: "
+        f"re-execute notebooks/{chapter}.ipynb")
