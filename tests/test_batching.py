@@ -114,3 +114,12 @@ def test_padding_never_leaks():
     scale = max(np.abs(g).max() for g in padded.values())
     for name, _, g in model.named_parameters():
         assert np.abs(g - padded[name]).max() <= 1e-12 * scale, name
+
+
+def test_counting_adds_real_tokens_positions_rows_and_batches():
+    from tformer.data.batching import counting
+    batches = [{"inputs": np.array([[5, 6, 0], [7, 0, 0]])}, {"inputs": np.array([[1, 2, 3, 4]])}]
+    count = {"real": 0, "positions": 0, "rows": 0, "batches": 0}
+    batch = counting(lambda i: batches[i], count, pad=0)
+    assert batch(0) is batches[0] and batch(1) is batches[1]
+    assert count == {"real": 7, "positions": 10, "rows": 3, "batches": 2}

@@ -99,13 +99,8 @@ def instrument(prof):
 def profile_step(model, opt, x, y, steps=3, warmup=1, clock="wall"):
     """Profile ``steps`` training steps; returns ``(rows, step_seconds)`` with rows
     ``(name, ms per step, calls per step, fraction of the step)`` sorted by time, largest first."""
-    def step():
-        model.zero_grad()
-        logits = model.forward(x)                        # (B, T, V)
-        loss, dlogits = F.cross_entropy(logits, y)
-        model.backward(dlogits)
-        opt.step()
-        return loss
+    from .training import tformer_step_fn
+    step = tformer_step_fn(model, opt, x, y)
     for _ in range(warmup):
         step()
     prof = Profiler(clock)

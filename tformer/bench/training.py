@@ -12,6 +12,8 @@ built. For tformer the ``tracemalloc`` peak of one step (NumPy reports its buffe
 """
 import time
 
+from ..rss import reset_peak, status_bytes
+
 SIZES = {
     "small": dict(d_model=64, n_heads=4, n_layers=2, T=64, B=32),
     "medium": dict(d_model=256, n_heads=8, n_layers=4, T=128, B=16),
@@ -24,21 +26,8 @@ MALLOC_TUNED = {"MALLOC_TRIM_THRESHOLD_": str(1 << 30), "MALLOC_MMAP_THRESHOLD_"
 
 
 def status_kb(key):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    return 0
-
-
-def reset_peak():
-    """Reset VmHWM to the current RSS (Linux ≥ 4.0); False where that is not allowed."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
+    """``/proc/self/status`` entry ``key`` in kB (``tformer.rss``), 0 where it is unknown."""
+    return (status_bytes(key) or 0) // 1024
 
 
 def batch(B, T, seed=0):

@@ -147,3 +147,18 @@ class BucketedTask:
         b = self.task.batch(step, n.size, lengths=n)
         T = 2 * int(n.max()) + 2
         return {"inputs": b["inputs"][:, :T], "targets": b["targets"][:, :T], "lengths": n}
+
+
+def counting(source, count, pad):
+    """``step -> batch`` like ``source``, adding to ``count`` as it goes: ``real`` tokens (not
+    ``pad``), padded ``positions`` (B·T), ``rows`` (B) and ``batches``, for padding shares and
+    tokens per second of a run. ``count`` is a dict that holds those four keys."""
+    def batch(i):
+        b = source(i)
+        x = b["inputs"]                                                      # (B, T)
+        count["real"] += int((x != pad).sum())
+        count["positions"] += x.size
+        count["rows"] += x.shape[0]
+        count["batches"] += 1
+        return b
+    return batch

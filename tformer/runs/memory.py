@@ -25,6 +25,7 @@ import sys
 import time
 
 from ..atomic import write_json
+from ..rss import reset_peak, status_bytes
 
 DEFAULT_OUT = "book/data/fitting_in_memory.json"
 SHAPE = dict(B=8, d_model=128, n_heads=4, vocab_size=256)
@@ -53,27 +54,6 @@ def add_arguments(p):
     p.add_argument("--grad-norm-steps", type=int, default=300,
                    help="training steps of each run of the gradient-norm comparison")
 
-
-def _status(key):
-    """``/proc/self/status`` entry ``key`` (e.g. ``VmHWM``) in bytes, or None."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def _reset_peak_rss():
-    """Reset the kernel's high-water mark of this process's resident set (Linux ≥ 4.0)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
 
 
 def setup(T, L, k, B=8, d_model=128, n_heads=4, vocab_size=256, seed=0):
@@ -113,10 +93,10 @@ def probe_rss(T, L, k, reps=3, **shape):
     """In this (fresh) process: the peak resident-set growth of the first step, then the seconds
     of ``reps`` more steps."""
     _, step = setup(T, L, k, **shape)
-    reset = _reset_peak_rss()
-    before = _status("VmRSS")
+    reset = reset_peak()
+    before = status_bytes("VmRSS")
     step()
-    hwm = _status("VmHWM")
+    hwm = status_bytes("VmHWM")
     seconds = []
     for _ in range(reps):
         t = time.perf_counter()

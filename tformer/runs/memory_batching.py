@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from ..data.batching import BucketedTask
+from ..data.batching import BucketedTask, counting
 from ..data.sequences import PAD, SequenceTask
 from ..models.transformer import Transformer
 from ..optim import Adam, cosine_with_warmup
@@ -33,14 +33,7 @@ def fit(task, batching, steps, batch_size=64, lr=2e-3, warmup=150, clip=1.0, see
     else:
         source = lambda i: task.batch(i, batch_size)                          # noqa: E731
     count = {"real": 0, "positions": 0, "rows": 0, "batches": 0, "eval_s": 0.0}
-
-    def batch(i):
-        b = source(i)
-        count["real"] += int((b["inputs"] != PAD).sum())
-        count["positions"] += b["inputs"].size
-        count["rows"] += b["inputs"].shape[0]
-        count["batches"] += 1
-        return b
+    batch = counting(source, count, PAD)
     heldout = task.heldout(eval_size)
 
     def evaluate(m):

@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from ..checkpoint import load_checkpoint
-from ..data.batching import BucketedTask
+from ..data.batching import BucketedTask, counting
 from ..data.sequences import EOS, PAD, SequenceTask
 from ..models.transformer import Transformer
 from ..optim import Adam, cosine_with_warmup, noam_lr
@@ -135,14 +135,7 @@ def main(args):
     n_probe = sum(len(y) for _, y in probe.values())
 
     count = {"real": 0, "positions": 0, "rows": 0, "batches": 0, "eval_s": 0.0}
-
-    def batch(i):
-        b = source(i)
-        count["real"] += int((b["inputs"] != PAD).sum())
-        count["positions"] += b["inputs"].size
-        count["rows"] += b["inputs"].shape[0]
-        count["batches"] += 1
-        return b
+    batch = counting(source, count, PAD)
 
     def evaluate(m):
         t = time.perf_counter()
