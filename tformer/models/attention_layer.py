@@ -10,6 +10,7 @@ head size is D = d_model, so its default scale 1/√D is the seed's 1/√d_model
 """
 import numpy as np
 
+from .._validate import sequences, upstream
 from ..attention import MultiHeadAttention
 from ..layers import Module
 
@@ -23,6 +24,12 @@ class AttentionLayer(Module):
     Parameters ``W_q, W_k, W_v, W_o: (d_model, d_model)`` (``attn.q.W`` … ``attn.o.W``), drawn from
     U(−1/√d_model, 1/√d_model), or N(0, init_std²) when ``init_std`` is given. After a forward pass
     ``att`` holds the attention probabilities A, ``(B, T, T)``.
+
+    Input checks (``tformer._validate.sequences``): ``x`` must be a float array of 3 axes, of the
+    weights' dtype, with last axis d_model, B ≥ 1, T ≥ 1 and no NaN or ±inf; else ValueError or
+    TypeError naming ``x``. There is no positional table, so any T ≥ 1 is accepted (the scores
+    are (B, T, T): memory grows as T²). ``backward`` needs a forward pass first (RuntimeError) and
+    ``dy`` of the output's shape and dtype.
     """
 
     def __init__(self, d_model=16, init_std=None, seed=0, dtype=np.float32):
@@ -34,6 +41,7 @@ class AttentionLayer(Module):
         self.attn = MultiHeadAttention(d_model, n_heads=1, bias=False, scale=None,
                                        rng=np.random.default_rng(seed), dtype=dtype,
                                        init_std=init_std)
+        self._out = None                   # (shape, dtype) of the last forward output
 
     # the seed's names for the four matrices (views of the parameters, not copies)
     W_q = property(lambda self: self.attn.q.W)
@@ -48,8 +56,12 @@ class AttentionLayer(Module):
 
     def forward(self, x):
         """x: (B, T, d_model) -> Y: (B, T, d_model)."""
-        return self.attn(x)
+        sequences("x", x, self.config["d_model"], self.W_q.dtype)
+        y = self.attn(x)
+        self._out = (y.shape, y.dtype)
+        return y
 
     def backward(self, dy):
         """dy = ∂L/∂Y: (B, T, d_model) -> ∂L/∂X; accumulates ∂L/∂W_q, ∂L/∂W_k, ∂L/∂W_v, ∂L/∂W_o."""
+        upstream("dy", dy, self._out)
         return self.attn.backward(dy)

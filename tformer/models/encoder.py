@@ -11,7 +11,7 @@ mean squared error ``L = ‖Ŷ − X‖² / (B·T·d)`` (``F.mse_loss``, reducti
 """
 import numpy as np
 
-from .._validate import float_array
+from .._validate import attention_mask, sequences, upstream
 from ..blocks import PostNormBlock
 from ..layers import Module, ModuleList, SinusoidalPositions
 
@@ -22,6 +22,14 @@ class Encoder(Module):
     ``n_layers`` post-LN blocks (``tformer.blocks.PostNormBlock``, ReLU FFN, biases) after the
     sinusoidal positions; ``max_len`` bounds T. ``backward(dO)`` accumulates every parameter's
     gradient and returns ``dX`` (the positional table is a constant, so dX = dH_0).
+
+    Input checks, before any work: ``x`` must be a float array of 3 axes, of the model's dtype,
+    with last axis d_model, B ≥ 1, 1 ≤ T ≤ max_len and no NaN or ±inf (``_validate.sequences``);
+    ``mask``, boolean (True = may attend) or additive float (−inf blocks; no NaN or +inf), must
+    broadcast to the scores (B, H, T, T), e.g. a padding mask (B, 1, 1, T)
+    (``_validate.attention_mask``). Each failure is a ValueError or TypeError naming ``x`` or
+    ``mask``. A query whose keys are all masked gets a zero attention output, not NaN.
+    ``backward`` needs a forward pass first (RuntimeError) and ``dout`` of the output's shape and dtype.
     """
 
     def __init__(self, d_model=64, n_heads=4, n_layers=2, d_ff=256, max_len=512, dropout=0.0,
@@ -44,21 +52,24 @@ class Encoder(Module):
         self.blocks = ModuleList(PostNormBlock(d_model, n_heads, d_ff, dropout=dropout, activation="relu",
                                                bias=True, rng=self.rng, dtype=dtype, eps=eps)
                                  for _ in range(n_layers))
+        self._out = None                   # (shape, dtype) of the last forward output
 
     def forward(self, x, mask=None):
         """x: (B, T, d) -> O: (B, T, d). ``mask`` (optional) broadcasts to the scores (B, H, T, T)."""
-        float_array("x", x, ndim=3)
-        if x.shape[2] != self.config["d_model"]:
-            raise ValueError(f"x: expected last axis d_model = {self.config['d_model']}, got shape {x.shape}")
-        if x.dtype != self.dtype:
-            raise TypeError(f"x: expected dtype {self.dtype.name} (the model's), got {x.dtype}")
+        c = self.config
+        sequences("x", x, c["d_model"], self.dtype)
+        B, T, _ = x.shape                                # T > max_len: self.pos refuses it
+        if mask is not None:
+            attention_mask("mask", mask, (B, c["n_heads"], T, T))
         h = self.pos(x)                                  # H_0 = X + PE[:T]   (B, T, d)
         for block in self.blocks:
             h = block(h, mask)                           # H_l = LN(Z_l + FFN(Z_l))   (B, T, d)
+        self._out = (h.shape, h.dtype)
         return h                                         # Ŷ = O of the last block
 
     def backward(self, dout):
         """dout = ∂L/∂O: (B, T, d) -> ∂L/∂X: (B, T, d); accumulates into every ``grads``."""
+        upstream("dout", dout, self._out)
         dh = dout
         for block in reversed(self.blocks._items):
             dh = block.backward(dh)                      # ∂L/∂H_{l-1}

@@ -17,7 +17,7 @@ checkpoint (which stores ``model.rng``'s state) resumes a run bit for bit.
 import numpy as np
 
 from .. import functional as F
-from .._validate import int_array
+from .._validate import attention_mask, token_batch, upstream
 from ..attention import check_attention
 from ..blocks import PostNormBlock
 from ..layers import Dropout, Embedding, LayerNorm, Linear, Module, ModuleList, SinusoidalPositions
@@ -84,6 +84,7 @@ class Transformer(Module):
         self._recompute = (Recompute(self.blocks, blocks_per_segment) if gradient_checkpointing
                            else None)
         self._recomputed = False           # did the last forward pass go through _recompute?
+        self._out = None                   # (shape, dtype) of the last forward output
 
     def forward(self, tokens, padding_mask=None):
         """tokens: (B, T) -> logits (B, T, V).
@@ -91,20 +92,21 @@ class Transformer(Module):
         ``padding_mask``: boolean, broadcastable to ``(B, 1, 1, T)``, True where a key may be
         attended to; by default ``create_padding_mask(tokens, pad_idx)`` (no mask if pad_idx is None).
         The causal mask is always applied on top of it.
+
+        Input checks, before any work (``tformer._validate``): ``tokens`` must be an integer array
+        (B, T) with B ≥ 1 and 1 ≤ T ≤ max_len (``token_batch``; an empty batch has nothing to
+        predict), with ids in [0, V) (checked by the embedding); a given ``padding_mask`` must be
+        boolean and broadcast to the scores (B, H, T, T) (``attention_mask``). Each failure is a
+        ValueError or TypeError naming ``tokens`` or ``padding_mask``. A row of padding only gets
+        zero attention outputs (every key masked), so finite logits, never NaN.
         """
-        int_array("tokens", tokens, ndim=2)
+        token_batch("tokens", tokens, self.max_len)
         B, T = tokens.shape
-        if T > self.max_len:
-            raise ValueError(f"tokens: {T} positions exceed max_len = {self.max_len}")
-        if tokens.size and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
-            raise ValueError(f"tokens: expected ids in [0, {self.vocab_size}), "
-                             f"got min {tokens.min()} and max {tokens.max()}")
-        if padding_mask is None and self.pad_idx is not None:
+        if padding_mask is not None:
+            attention_mask("padding_mask", padding_mask, (B, self.config["n_heads"], T, T),
+                           additive=False)
+        elif self.pad_idx is not None:
             padding_mask = F.create_padding_mask(tokens, self.pad_idx)          # (B, 1, 1, T)
-        if padding_mask is not None and (not isinstance(padding_mask, np.ndarray)
-                                         or padding_mask.dtype != bool):
-            raise TypeError(f"padding_mask: expected a boolean NumPy array, got "
-                            f"{getattr(padding_mask, 'dtype', type(padding_mask).__name__)}")
         x = self.embed(tokens)                                                   # (B, T, C)
         if self.emb_scale != 1.0:
             x *= self.emb_scale                                                  # E · √C
@@ -114,10 +116,13 @@ class Transformer(Module):
             x = self._recompute.forward(x, padding_mask)                         # inputs only
         for block in () if self._recomputed else self.blocks:
             x = block(x, padding_mask)                                           # (B, T, C)
-        return self.proj(self.ln_f(x))                                           # (B, T, V)
+        logits = self.proj(self.ln_f(x))                                         # (B, T, V)
+        self._out = (logits.shape, logits.dtype)
+        return logits
 
     def backward(self, dlogits):
         """dlogits: (B, T, V) -> None (tokens have no gradient); accumulates every parameter's gradient."""
+        upstream("dlogits", dlogits, self._out)
         dx = self.ln_f.backward(self.proj.backward(dlogits))                     # (B, T, C)
         if self._recomputed:
             dx = self._recompute.backward(dx)                                    # re-runs segments

@@ -14,6 +14,7 @@ width of W_1; here ``d_ff`` defaults to 4·d, the usual choice.
 """
 import numpy as np
 
+from .._validate import sequences, upstream
 from ..attention import MultiHeadAttention
 from ..blocks import ResidualBlock
 from ..layers import Module, ModuleList
@@ -32,6 +33,11 @@ class TwoLayerTransformer(Module):
     the MLP branches are left out (X_l = Z̃_l, parameters ``blocks.0.q.W`` …), an ablation for
     comparisons; seed 000 has them.
     After a forward pass ``att`` holds ``[A_1, A_2]``, each ``(B, T, T)``.
+
+    Input checks (``tformer._validate.sequences``): ``x`` must be a float array of 3 axes, of the
+    weights' dtype, with last axis d_model, B ≥ 1, T ≥ 1 and no NaN or ±inf; else ValueError or
+    TypeError naming ``x``. No positional table: any T ≥ 1 is accepted. ``backward`` needs a
+    forward pass first (RuntimeError) and ``dy`` of the output's shape and dtype.
     """
 
     def __init__(self, d_model=16, d_ff=None, use_mlp=True, seed=0, dtype=np.float32):
@@ -52,6 +58,7 @@ class TwoLayerTransformer(Module):
             blocks = (MultiHeadAttention(d_model, n_heads=1, bias=False, rng=rng, dtype=dtype)
                       for _ in range(2))
         self.blocks = ModuleList(blocks)
+        self._out = None                   # (shape, dtype) of the last forward output
 
     @property
     def att(self):
@@ -61,15 +68,19 @@ class TwoLayerTransformer(Module):
 
     def forward(self, x):
         """x: (B, T, d_model) -> Y: (B, T, d_model)."""
+        first = self.blocks[0].attn if self.use_mlp else self.blocks[0]
+        sequences("x", x, self.config["d_model"], first.q.W.dtype)
         for blk in self.blocks:
             if self.use_mlp:
                 x = blk(x)                                   # X_l = S'_l W_2 + Z̃_l
             else:
                 x = x + blk(x)                               # X_l = Z_l W_o + X_{l-1}
+        self._out = (x.shape, x.dtype)
         return x
 
     def backward(self, dy):
         """dy = ∂L/∂Y: (B, T, d_model) -> ∂L/∂X; accumulates every W's gradient, layer 2 first."""
+        upstream("dy", dy, self._out)
         for blk in reversed(self.blocks._items):
             dy = blk.backward(dy) if self.use_mlp else dy + blk.backward(dy)
         return dy
