@@ -112,13 +112,30 @@ def _threads(text):
         raise argparse.ArgumentTypeError(str(e).removeprefix("--threads: ")) from None
 
 
+def _check_flags(parser, args):
+    """A run's ``check_args(args)`` (flags that must agree with each other, ``tformer.runs.flags``):
+    its ValueError becomes that command's usage error, exit status 2, before anything runs."""
+    if getattr(args, "command", None) != "run":
+        return
+    check = getattr(_load(RUNS[args.system][0]), "check_args", None)
+    if check is None:
+        return
+    try:
+        check(args)
+    except ValueError as e:
+        leaf = next(p for p in _leaves(parser) if p.prog.endswith(f" run {args.system}"))
+        leaf.error(str(e))
+
+
 def main(argv=None):
     try:
         from . import parallel                    # reads TFORMER_NUM_THREADS at import
     except ValueError as e:                       # a bad value: one line, not a traceback
         print(f"python -m tformer: error: {e}", file=sys.stderr)
         return 2
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check_flags(parser, args)
     if getattr(args, "threads", None) is not None:
         parallel.set_num_threads(args.threads)
     # Under mpiexec, one rank of the job: rank 0 prints; an error on one rank aborts them all.

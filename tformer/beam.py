@@ -18,7 +18,7 @@ import itertools
 
 import numpy as np
 
-from ._validate import int_array
+from ._validate import index_range, int_array
 
 
 def gnmt_penalty(length, alpha):
@@ -33,24 +33,39 @@ def log_softmax(z):
     return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
 
 
-def _check(prompt, beam_width, max_new_tokens, alpha, max_len=None):
+def _check(prompt, beam_width, max_new_tokens, length_penalty, max_len=None, vocab_size=None,
+           stop_token=None):
+    """Every argument of a search, checked before any work; returns α = float(length_penalty)."""
     int_array("prompt", prompt, ndim=2)
     if prompt.shape[0] < 1 or prompt.shape[1] < 1:
         raise ValueError(f"prompt: expected at least one row of at least one token, got shape "
                          f"{prompt.shape}")
+    if vocab_size is not None:
+        index_range("prompt", prompt, 0, vocab_size)
     if isinstance(beam_width, bool) or not isinstance(beam_width, (int, np.integer)) or beam_width < 1:
         raise ValueError(f"beam_width: expected an integer ≥ 1, got {beam_width!r}")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) \
             or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens: expected an integer ≥ 1, got {max_new_tokens!r}")
+    if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float, np.integer,
+                                                                           np.floating)):
+        raise TypeError(f"length_penalty: expected a number α ≥ 0, got "
+                        f"{type(length_penalty).__name__}")
+    alpha = float(length_penalty)
     if not (np.isfinite(alpha) and alpha >= 0):
         raise ValueError(f"length_penalty: expected a finite α ≥ 0, got {alpha!r}")
+    if stop_token is not None and (isinstance(stop_token, bool)
+                                   or not isinstance(stop_token, (int, np.integer))
+                                   or (vocab_size is not None and not 0 <= stop_token < vocab_size)):
+        raise ValueError(f"stop_token: expected None or a token id in [0, {vocab_size}), "
+                         f"got {stop_token!r}")
     T0 = prompt.shape[1]
     if max_len is not None and T0 + max_new_tokens - 1 > max_len:
         raise ValueError(f"prompt, max_new_tokens: beam search feeds up to T0 + max_new_tokens − 1 "
                          f"= {T0} + {max_new_tokens} − 1 = {T0 + max_new_tokens - 1} positions, "
                          f"more than the model's max_len = {max_len}; shorten the prompt or "
                          f"generate fewer tokens (beam search does not crop, unlike greedy)")
+    return alpha
 
 
 def beam_search(model, prompt, beam_width, max_new_tokens, length_penalty=0.0, stop_token=None,
@@ -67,10 +82,11 @@ def beam_search(model, prompt, beam_width, max_new_tokens, length_penalty=0.0, s
     recomputes the whole prefix (no KV cache), so T0 + max_new_tokens − 1 must fit the model's
     ``max_len``: a longer prompt is not cropped (unlike ``greedy``; scores over a sliding window
     would not be the s(y) above) but refused with a ValueError before any work, as is an empty
-    prompt (B = 0 or T0 = 0).
+    prompt (B = 0 or T0 = 0). So are prompt ids outside the model's [0, vocab_size), a
+    ``stop_token`` outside it, and a ``length_penalty`` that is not a finite number ≥ 0.
     """
-    alpha = float(length_penalty)
-    _check(prompt, beam_width, max_new_tokens, alpha, getattr(model, "max_len", None))
+    alpha = _check(prompt, beam_width, max_new_tokens, length_penalty, getattr(model, "max_len", None),
+                   getattr(model, "vocab_size", None), stop_token)
     B, T0 = prompt.shape
     k, L = int(beam_width), int(max_new_tokens)
     fill = stop_token if stop_token is not None else 0
@@ -121,9 +137,18 @@ def sequence_scores(model, prompt, continuations, length_penalty=0.0, stop_token
     """score(y) = s(y) / lp(L) of each continuation, cut after its first ``stop_token``.
 
     ``prompt: (T0,)`` ints, ``continuations: (N, L)`` ints -> ``(scores (N,), lengths (N,))``;
-    one forward pass over all N sequences.
+    one forward pass over all N sequences. Integer arrays with ids in [0, V) (V = the model's
+    ``vocab_size``) and N, L ≥ 1 are expected, else ValueError/TypeError naming the argument.
     """
-    prompt = np.asarray(prompt)
+    int_array("prompt", prompt, ndim=1)
+    int_array("continuations", continuations, ndim=2)
+    if prompt.size < 1 or continuations.shape[0] < 1 or continuations.shape[1] < 1:
+        raise ValueError(f"prompt, continuations: expected T0 ≥ 1 and (N ≥ 1, L ≥ 1), got shapes "
+                         f"{prompt.shape} and {continuations.shape}")
+    V = getattr(model, "vocab_size", None)
+    if V is not None:
+        index_range("prompt", prompt, 0, V)
+        index_range("continuations", continuations, 0, V)
     N, L = continuations.shape
     T0 = prompt.shape[0]
     seqs = np.concatenate([np.broadcast_to(prompt, (N, T0)), continuations], axis=1)   # (N, T0 + L)
@@ -150,10 +175,9 @@ def exhaustive_search(model, prompt, max_new_tokens, length_penalty=0.0, stop_to
     before their first ``stop_token`` are the same hypothesis and score the same; the first in
     lexicographic order is returned.
     """
-    alpha = float(length_penalty)
-    prompt = np.asarray(prompt)
-    _check(prompt[None, :], 1, max_new_tokens, alpha)
+    int_array("prompt", prompt, ndim=1)
     V = model.vocab_size
+    alpha = _check(prompt[None, :], 1, max_new_tokens, length_penalty, None, V, stop_token)
     if V ** max_new_tokens > 200_000:
         raise ValueError(f"max_new_tokens: V^L = {V}^{max_new_tokens} continuations is too many")
     conts = np.array(list(itertools.product(range(V), repeat=max_new_tokens)), dtype=prompt.dtype)

@@ -8,6 +8,7 @@ loss and accuracy.
 from ..data import copy_max, copy_max_centered
 from ..models.two_layer import TwoLayerTransformer
 from .attention import add_common_arguments, fit
+from .flags import positive_int
 
 DEFAULTS = dict(d_model=16, seq_len=8, batch_size=32, steps=3000, lr=3e-3)
 TASKS = {"copy_max": (copy_max.copy_max_batch, copy_max.held_out),
@@ -17,7 +18,7 @@ TASKS = {"copy_max": (copy_max.copy_max_batch, copy_max.held_out),
 def add_arguments(parser):
     add_common_arguments(parser, DEFAULTS)
     g = parser.add_argument_group("model and task")
-    g.add_argument("--d-ff", type=int, default=None,
+    g.add_argument("--d-ff", type=positive_int, default=None,
                    help="width of W_1 (seed 000 leaves it unstated; default 4 · d_model)")
     g.add_argument("--no-mlp", action="store_true",
                    help="leave out both swish MLPs (an ablation; seed 000 has them)")
@@ -26,8 +27,6 @@ def add_arguments(parser):
 
 
 def main(args):
-    if args.d_ff is not None and args.d_ff < 1:
-        raise SystemExit(f"--d-ff: expected a positive integer, got {args.d_ff}")
     model = TwoLayerTransformer(d_model=args.d_model, d_ff=args.d_ff, use_mlp=not args.no_mlp,
                                 seed=args.seed)
     make_batch, make_held = TASKS[args.task]
