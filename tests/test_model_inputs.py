@@ -75,12 +75,17 @@ def ids(B=2, T=4, seed=0):
 
 # -- models that read float rows: AttentionLayer, TwoLayerTransformer, Encoder -----------------------
 
-@pytest.mark.parametrize("shape", [(0, 4, D), (2, 0, D), (0, 0, D)])
-def test_float_models_refuse_an_empty_batch_or_empty_sequences(float_model, shape):
-    _, model = float_model
-    with pytest.raises(ValueError, match=r"x: expected at least one sequence \(B ≥ 1\) of at least "
-                                         r"one position \(T ≥ 1\), got shape " + shape_re(shape)):
-        model.forward(np.zeros(shape, np.float32))
+@pytest.mark.parametrize("name", sorted({**FLOAT_MODELS, **TOKEN_MODELS}))
+@pytest.mark.parametrize("B,T", [(0, 4), (2, 0), (0, 0)])
+def test_every_model_refuses_an_empty_batch_or_empty_sequences(name, B, T):
+    """The same decision for all seven: ValueError naming the input, with the shape that came."""
+    if name in TOKEN_MODELS:
+        model, arg, unit, x = TOKEN_MODELS[name](), "tokens", "token", np.zeros((B, T), np.int64)
+    else:
+        model, arg, unit, x = FLOAT_MODELS[name](), "x", "position", np.zeros((B, T, D), np.float32)
+    with pytest.raises(ValueError, match=rf"{arg}: expected at least one sequence \(B ≥ 1\) of at "
+                                         rf"least one {unit} \(T ≥ 1\), got shape {shape_re(x.shape)}"):
+        model.forward(x)
 
 
 @pytest.mark.parametrize("bad,kind,message", [
@@ -209,14 +214,6 @@ def test_backward_names_its_gradient_of_the_wrong_shape_or_dtype(name):
 
 
 # -- token models: Transformer (plain and flash), TinyGPT ------------------------------------------
-
-@pytest.mark.parametrize("shape", [(0, 4), (2, 0), (0, 0)])
-def test_token_models_refuse_an_empty_batch_or_empty_sequences(token_model, shape):
-    _, model = token_model
-    with pytest.raises(ValueError, match=r"tokens: expected at least one sequence \(B ≥ 1\) of at "
-                                         r"least one token \(T ≥ 1\), got shape " + shape_re(shape)):
-        model.forward(np.zeros(shape, np.int64))
-
 
 @pytest.mark.parametrize("bad,kind,message", [
     (np.ones((2, 4), np.float32), TypeError, r"tokens: expected an integer NumPy array, got float32"),
