@@ -82,11 +82,15 @@ def test_run_transformer_bucketed_with_log(tmp_path, capsys):
     assert meta["config"]["gradient_checkpointing"] is True and meta["config"]["attention"] == "flash"
 
 
-def test_run_transformer_budget_too_small(tmp_path):
-    with pytest.raises(ValueError, match="max_tokens: a budget of 10 tokens is smaller than one "
-                                         "sequence of 18 tokens"):
+def test_run_transformer_budget_too_small(tmp_path, capsys):
+    """A budget below one padded row is the command's usage error naming the flag (exit 2)."""
+    with pytest.raises(SystemExit) as e:
         cli(["run", "transformer", "--steps", "1", "--batching", "bucketed", "--max-tokens", "10",
              "--checkpoint", str(tmp_path / "t.npz"), "--no-progress"])
+    assert e.value.code == 2
+    assert ("error: --max-tokens: expected at least one row of 2·--max-len + 2 = 18 positions, "
+            "got 10") in capsys.readouterr().err
+    assert not (tmp_path / "t.npz").exists()
 
 
 @pytest.mark.parametrize("argv", [

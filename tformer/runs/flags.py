@@ -46,11 +46,6 @@ def probability(text):
     return _number(text, float, "a probability in [0, 1)", lambda v: 0 <= v < 1)
 
 
-def fraction(text):
-    """A share in [0, 1] (an accuracy target)."""
-    return _number(text, float, "a number in [0, 1]", lambda v: 0 <= v <= 1)
-
-
 def at_least_two(text):
     """An integer ≥ 2 (an alphabet)."""
     return _number(text, int, "an integer ≥ 2", lambda v: v >= 2)

@@ -25,7 +25,7 @@ from ..models.transformer import Transformer
 from ..optim import Adam, cosine_with_warmup, noam_lr
 from ..precision import PRECISIONS, precision_policy
 from ..train import train
-from .flags import (at_least_two, fraction, heads_divide, nonnegative_float, nonnegative_int,
+from .flags import (at_least_two, heads_divide, nonnegative_float, nonnegative_int,
                     positive_float, positive_int, probability)
 
 DEFAULT_CHECKPOINT = "checkpoints/transformer.npz"
@@ -83,7 +83,7 @@ def add_arguments(p):
     g.add_argument("--eval-every", type=nonnegative_int, default=500, help="greedy exact match every this many steps (0: end only)")
     g.add_argument("--beam-width", type=positive_int, default=4, help="beam width k")
     g.add_argument("--length-penalty", type=nonnegative_float, default=0.6, help="α of lp(L) = ((5+L)/6)^α")
-    g.add_argument("--target", type=fraction, default=0.99,
+    g.add_argument("--target", type=nonnegative_float, default=0.99,
                    help="exit status 1 if greedy exact match ends below this (0: never)")
 
 
