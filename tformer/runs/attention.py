@@ -24,15 +24,20 @@ def add_common_arguments(parser, defaults):
     g = parser.add_argument_group("sizes")
     g.add_argument("--d-model", type=positive_int, default=defaults["d_model"],
                    help="features per position, d (the inputs' width and the model's)")
-    g.add_argument("--seq-len", type=positive_int, default=defaults["seq_len"], help="positions per sequence, T")
+    g.add_argument("--seq-len", type=positive_int, default=defaults["seq_len"],
+                   help="positions per sequence, T")
     g.add_argument("--batch-size", type=positive_int, default=defaults["batch_size"],
                    help="sequences per training batch, B")
     g = parser.add_argument_group("training")
-    g.add_argument("--steps", type=positive_int, default=defaults["steps"], help="AdamW steps (one batch each)")
+    g.add_argument("--steps", type=positive_int, default=defaults["steps"],
+                   help="AdamW steps (one batch each)")
     g.add_argument("--lr", type=nonnegative_float, default=defaults["lr"], help="learning rate η")
-    g.add_argument("--weight-decay", type=nonnegative_float, default=0.01, help="AdamW's λ: W ← (1 − λη) W − …")
-    g.add_argument("--eps", type=positive_float, default=1e-8, help="AdamW's ε, inside the square root")
-    g.add_argument("--seed", type=nonnegative_int, default=0, help="seeds the initial weights and every batch")
+    g.add_argument("--weight-decay", type=nonnegative_float, default=0.01,
+                   help="AdamW's λ: W ← (1 − λη) W − …")
+    g.add_argument("--eps", type=positive_float, default=1e-8,
+                   help="AdamW's ε, inside the square root")
+    g.add_argument("--seed", type=nonnegative_int, default=0,
+                   help="seeds the initial weights and every batch")
     g = parser.add_argument_group("evaluation and output")
     g.add_argument("--eval-batches", type=positive_int, default=16,
                    help="held-out batches of 64 sequences each (never used for training)")

@@ -21,19 +21,27 @@ HEADLINE_MSE = 0.0043          # the seed's "Final MSE Loss" after 500 epochs
 def add_arguments(parser):
     """The flags of ``python -m tformer run encoder``; the defaults are the seed's headline configuration."""
     parser.add_argument("--layers", type=positive_int, default=2, help="number of post-LN blocks")
-    parser.add_argument("--d-model", type=positive_int, default=64, help="model width d (also the data's width)")
-    parser.add_argument("--heads", type=positive_int, default=4, help="attention heads (must divide d_model)")
-    parser.add_argument("--d-ff", type=positive_int, default=256, help="hidden width of the ReLU feed-forward network")
-    parser.add_argument("--epochs", type=positive_int, default=500, help="passes over the training set")
+    parser.add_argument("--d-model", type=positive_int, default=64,
+                        help="model width d (also the data's width)")
+    parser.add_argument("--heads", type=positive_int, default=4,
+                        help="attention heads (must divide d_model)")
+    parser.add_argument("--d-ff", type=positive_int, default=256,
+                        help="hidden width of the ReLU feed-forward network")
+    parser.add_argument("--epochs", type=positive_int, default=500,
+                        help="passes over the training set")
     parser.add_argument("--lr", type=nonnegative_float, default=1e-3,
                         help="Adam learning rate η (betas 0.9, 0.999, ε 1e-8)")
-    parser.add_argument("--batch-size", type=positive_int, default=32, help="sequences per mini-batch")
-    parser.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the data and of the initial weights")
+    parser.add_argument("--batch-size", type=positive_int, default=32,
+                        help="sequences per mini-batch")
+    parser.add_argument("--seed", type=nonnegative_int, default=0,
+                        help="seed of the data and of the initial weights")
     parser.add_argument("--n-train", type=positive_int, default=256,
                         help="training sequences (fixed for the whole run)")
-    parser.add_argument("--n-test", type=positive_int, default=64, help="held-out sequences from the same token table")
+    parser.add_argument("--n-test", type=positive_int, default=64,
+                        help="held-out sequences from the same token table")
     parser.add_argument("--seq-len", type=positive_int, default=16, help="tokens per sequence T")
-    parser.add_argument("--vocab-size", type=positive_int, default=65, help="rows V of the token table")
+    parser.add_argument("--vocab-size", type=positive_int, default=65,
+                        help="rows V of the token table")
     parser.add_argument("--target", type=nonnegative_float, default=HEADLINE_MSE,
                         help="report the first epoch whose training MSE is at most this")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")

@@ -34,16 +34,20 @@ DEFAULT_CHECKPOINT = "checkpoints/transformer.npz"
 def add_arguments(p):
     """The run's flags; the defaults reach the accuracy the chapter states in a few minutes on 2 cores."""
     g = p.add_argument_group("task")
-    g.add_argument("--task", choices=("reverse", "sort"), default="reverse", help="y = reverse(x) or sort(x)")
-    g.add_argument("--n-symbols", type=at_least_two, default=10, help="alphabet size of the sequences")
+    g.add_argument("--task", choices=("reverse", "sort"), default="reverse",
+                   help="y = reverse(x) or sort(x)")
+    g.add_argument("--n-symbols", type=at_least_two, default=10,
+                   help="alphabet size of the sequences")
     g.add_argument("--min-len", type=positive_int, default=1, help="shortest sequence")
-    g.add_argument("--max-len", type=positive_int, default=8, help="longest sequence (rows are padded to 2·max_len+3)")
+    g.add_argument("--max-len", type=positive_int, default=8,
+                   help="longest sequence (rows are padded to 2·max_len+3)")
     g = p.add_argument_group("model (the guide's Transformer, decoder-only)")
     g.add_argument("--d-model", type=positive_int, default=64, help="width C")
     g.add_argument("--n-heads", type=positive_int, default=4, help="attention heads H")
     g.add_argument("--n-layers", type=positive_int, default=2, help="post-norm blocks N")
     g.add_argument("--d-ff", type=positive_int, default=256, help="hidden width of the ReLU FFN")
-    g.add_argument("--dropout", type=probability, default=0.1, help="dropout probability (off in eval)")
+    g.add_argument("--dropout", type=probability, default=0.1,
+                   help="dropout probability (off in eval)")
     g.add_argument("--attention", choices=["plain", "flash"], default="plain",
                    help="attention kernel: plain (stores the T×T probabilities) or flash (the "
                         "online softmax of chapter 24)")
@@ -55,7 +59,8 @@ def add_arguments(p):
     g = p.add_argument_group("training")
     g.add_argument("--steps", type=positive_int, default=1500, help="optimizer steps")
     g.add_argument("--batch-size", type=positive_int, default=64, help="sequences per micro-batch")
-    g.add_argument("--accum", type=positive_int, default=1, help="micro-batches accumulated per step")
+    g.add_argument("--accum", type=positive_int, default=1,
+                   help="micro-batches accumulated per step")
     g.add_argument("--batching", choices=("fixed", "bucketed"), default="fixed",
                    help="fixed: --batch-size rows padded to 2·max_len+2; bucketed: rows of similar "
                         "length, as many as fit in --max-tokens padded positions")
@@ -64,14 +69,19 @@ def add_arguments(p):
                         "(2·max_len+2), the size of a fixed batch)")
     g.add_argument("--pool-size", type=positive_int, default=1024,
                    help="bucketed: sequences sorted by length together")
-    g.add_argument("--lr", type=nonnegative_float, default=2e-3, help="peak learning rate (reached at step --warmup)")
+    g.add_argument("--lr", type=nonnegative_float, default=2e-3,
+                   help="peak learning rate (reached at step --warmup)")
     g.add_argument("--schedule", choices=("cosine", "noam"), default="cosine",
                    help="cosine with linear warm-up to --lr, or lr·√warmup·min(step^-0.5, step·warmup^-1.5)")
     g.add_argument("--warmup", type=nonnegative_int, default=150, help="warm-up steps")
-    g.add_argument("--clip", type=nonnegative_float, default=1.0, help="clip the global gradient norm to this (0: off)")
-    g.add_argument("--seed", type=nonnegative_int, default=0, help="seeds the initialisation, dropout and the batches")
-    g.add_argument("--checkpoint", default=DEFAULT_CHECKPOINT, help="checkpoint file (written atomically)")
-    g.add_argument("--checkpoint-every", type=positive_int, default=250, help="write the checkpoint every this many steps")
+    g.add_argument("--clip", type=nonnegative_float, default=1.0,
+                   help="clip the global gradient norm to this (0: off)")
+    g.add_argument("--seed", type=nonnegative_int, default=0,
+                   help="seeds the initialisation, dropout and the batches")
+    g.add_argument("--checkpoint", default=DEFAULT_CHECKPOINT,
+                   help="checkpoint file (written atomically)")
+    g.add_argument("--checkpoint-every", type=positive_int, default=250,
+                   help="write the checkpoint every this many steps")
     g.add_argument("--resume", action="store_true", help="continue from --checkpoint if it exists")
     g.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32",
                    help="compute in float32, or in float16/bfloat16 with float32 master weights")
@@ -79,10 +89,13 @@ def add_arguments(p):
                    help="fp16: initial loss scale S of the dynamic loss scaler")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g = p.add_argument_group("evaluation")
-    g.add_argument("--eval-size", type=positive_int, default=1000, help="distinct held-out sequences for exact match")
-    g.add_argument("--eval-every", type=nonnegative_int, default=500, help="greedy exact match every this many steps (0: end only)")
+    g.add_argument("--eval-size", type=positive_int, default=1000,
+                   help="distinct held-out sequences for exact match")
+    g.add_argument("--eval-every", type=nonnegative_int, default=500,
+                   help="greedy exact match every this many steps (0: end only)")
     g.add_argument("--beam-width", type=positive_int, default=4, help="beam width k")
-    g.add_argument("--length-penalty", type=nonnegative_float, default=0.6, help="α of lp(L) = ((5+L)/6)^α")
+    g.add_argument("--length-penalty", type=nonnegative_float, default=0.6,
+                   help="α of lp(L) = ((5+L)/6)^α")
     g.add_argument("--target", type=nonnegative_float, default=0.99,
                    help="exit status 1 if greedy exact match ends below this (0: never)")
 
