@@ -119,5 +119,12 @@ def test_a_forked_child_starts_its_own_workers():
 def _split_in_child():
     import threading
     seen = set()
-    parallel.parallel_for(lambda lo, hi: seen.add(threading.get_ident()), 100)
+    # Each half waits for the other: the calling thread would run a half no worker claimed, so
+    # only a live worker in the child lets both halves meet (dead ones: BrokenBarrierError).
+    meet = threading.Barrier(2, timeout=30)
+
+    def half(lo, hi):
+        seen.add(threading.get_ident())
+        meet.wait()
+    parallel.parallel_for(half, 100)
     return parallel.get_num_threads(), len(seen)

@@ -25,6 +25,7 @@ or ``taskset`` may restrict), divided among the ranks of an MPI job on this host
 share those cores. The book's notebooks and tests pin one thread (the Makefile exports
 ``TFORMER_NUM_THREADS=1``), so that their stored numbers do not depend on the reader's core count.
 """
+import itertools
 import math
 import os
 import queue
@@ -85,6 +86,9 @@ def parallel_for(fn, n, grain=1):
     At most ``get_num_threads()`` ranges, none shorter than ``grain`` items (so a small job runs
     as one call on the calling thread, with no hand-off cost). Ranges of many items start at
     multiples of 8: on a flat float32 array each part then begins on a 32-byte boundary.
+    The ranges are fixed before anything runs (so are the results, whichever thread computes a
+    range); each is claimed by the first thread free to run it, the calling thread included, so
+    a worker that the operating system has not scheduled yet delays nothing (``_Workers.run``).
     ``fn`` writes its results into preallocated arrays; an exception in any part is re-raised.
     """
     parts = min(_n_threads, max(1, n // max(1, grain)))
@@ -93,8 +97,7 @@ def parallel_for(fn, n, grain=1):
         return
     align = 8 if n >= 64 * parts else 1
     bounds = [0] + [min(n, -(-(n * i // parts) // align) * align) for i in range(1, parts)] + [n]
-    jobs = [(fn, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:]) if hi > lo]
-    _workers().run(jobs, lambda: _part(fn, bounds[0], bounds[1]))
+    _workers().run([(fn, lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo])
 
 
 def run_tasks(*tasks):
@@ -102,11 +105,11 @@ def run_tasks(*tasks):
 
     With one thread they simply run one after the other. Used where a backward pass has two
     products of equal cost that share nothing but their inputs (``dX = dY Wᵀ`` and ``dW = Xᵀ dY``).
+    As in ``parallel_for``, the calling thread runs every task that no worker has claimed yet.
     """
     if _n_threads == 1 or len(tasks) == 1 or getattr(_local, "inside", False):
         return [t() for t in tasks]
-    first, rest = _workers().run([(t,) for t in tasks[1:]], lambda: _part(tasks[0]))
-    return [first, *rest]
+    return _workers().run([(t,) for t in tasks])
 
 
 def scratch(slot, shape, dtype):
@@ -126,14 +129,14 @@ def scratch(slot, shape, dtype):
 
 
 class _Workers:
-    """``k`` daemon threads that take ``(fn, *args)`` jobs from one queue and put results on another.
+    """``k`` daemon threads that take jobs (zero-argument callables) from one queue.
 
-    Lighter than ``concurrent.futures.ThreadPoolExecutor`` (no Future or Condition per job): a
-    hand-off costs about 20 µs instead of about 33 on the machine this was written on, and the
+    Lighter than ``concurrent.futures.ThreadPoolExecutor`` (no Future or Condition per job): the
     smallest kernels are split dozens of times per training step.
     """
 
     def __init__(self, k):
+        self.k = k
         self.jobs = queue.SimpleQueue()
         self.threads = [threading.Thread(target=self._loop, name=f"tformer-{i}", daemon=True)
                         for i in range(k)]
@@ -143,34 +146,54 @@ class _Workers:
     def _loop(self):
         _local.inside = True                       # a worker runs parts only: it never splits again
         while (job := self.jobs.get()) is not None:
-            results, i, fn, args = job
-            try:
-                results.put((i, True, fn(*args)))
-            except BaseException as e:             # handed to the caller, which re-raises it
-                results.put((i, False, e))
+            job()
 
-    def run(self, jobs, own):
-        """Queue ``jobs`` (each ``(fn, *args)``), run ``own()`` on this thread, wait for every job.
-        Returns ``(own's result, [job results in order])``; the first exception is re-raised, but
-        only after every job has finished (none is left writing into arrays the caller reuses).
-        Each call has its own result queue, so callers on different threads never mix results."""
-        results_q = queue.SimpleQueue()
-        for i, (fn, *args) in enumerate(jobs):
-            self.jobs.put((results_q, i, fn, args))
-        error, out = None, None
+    def run(self, tasks):
+        """Run ``tasks`` (each ``(fn, *args)``) on this thread and up to ``k`` workers; return
+        their results in order. The first exception is re-raised, but only after every task has
+        run (none is left writing into arrays the caller reuses).
+
+        Tasks are claimed one at a time from a shared counter (``next`` on an ``itertools.count``
+        is atomic under the GIL) by this thread and by the workers it wakes. A worker that starts
+        late, when every task is claimed, finds nothing and does nothing; so the caller waits only
+        for tasks that are running, never for a worker that is still waiting for a core (on a
+        shared machine that wait is a scheduler time slice, milliseconds). Each call has its own
+        counter and result queue, so callers on different threads never mix their tasks."""
+        n = len(tasks)
+        claim = itertools.count()
+        done = queue.SimpleQueue()                 # (i, ok, value) of the tasks workers ran
+        results = [None] * n
+
+        def helper():
+            while (i := next(claim)) < n:
+                fn, *args = tasks[i]
+                try:
+                    done.put((i, True, fn(*args)))
+                except BaseException as e:         # handed to the caller, which re-raises it
+                    done.put((i, False, e))
+
+        for _ in range(min(self.k, n - 1)):
+            self.jobs.put(helper)
+        error, own = None, 0
+        _local.inside = True                       # parts run by the caller do not split again
         try:
-            out = own()
-        except BaseException as e:
-            error = e
-        results = [None] * len(jobs)
-        for _ in jobs:
-            i, ok, value = results_q.get()
+            while (i := next(claim)) < n:
+                own += 1
+                fn, *args = tasks[i]
+                try:
+                    results[i] = fn(*args)
+                except BaseException as e:
+                    error = error or e
+        finally:
+            _local.inside = False
+        for _ in range(n - own):
+            i, ok, value = done.get()
             results[i] = value
             if not ok and error is None:
                 error = value
         if error is not None:
             raise error
-        return out, results
+        return results
 
     def stop(self):
         for _ in self.threads:
@@ -197,15 +220,6 @@ def _after_fork():
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
-
-
-def _part(fn, *args):
-    """Run one part with this thread marked busy, so a kernel it calls does not split again."""
-    _local.inside = True
-    try:
-        return fn(*args)
-    finally:
-        _local.inside = False
 
 
 # Set by MPI launchers in each process they start: how many ranks of the job run on this host
