@@ -7,7 +7,7 @@ from .._validate import float_array, same_dtype
 
 # Split a product by rows only when each part has at least this many multiply-adds: below it the
 # hand-off to another thread costs more than it saves.
-_MIN_MACS = 1 << 18
+_MIN_MACS = 1 << 21
 
 
 def linear_forward(x, W, b=None):
