@@ -119,8 +119,8 @@ def test_a_forked_child_starts_its_own_workers():
 def _split_in_child():
     import threading
     seen = set()
-    # Each half waits for the other: the calling thread would run a half no worker claimed, so
-    # only a live worker in the child lets both halves meet (dead ones: BrokenBarrierError).
+    # Each half waits for the other: the caller runs any half no worker claimed, so only
+    # a live worker in the child lets both halves meet (dead ones: BrokenBarrierError).
     meet = threading.Barrier(2, timeout=30)
 
     def half(lo, hi):

@@ -86,9 +86,10 @@ def parallel_for(fn, n, grain=1):
     At most ``get_num_threads()`` ranges, none shorter than ``grain`` items (so a small job runs
     as one call on the calling thread, with no hand-off cost). Ranges of many items start at
     multiples of 8: on a flat float32 array each part then begins on a 32-byte boundary.
-    The ranges are fixed before anything runs (so are the results, whichever thread computes a
-    range); each is claimed by the first thread free to run it, the calling thread included, so
-    a worker that the operating system has not scheduled yet delays nothing (``_Workers.run``).
+    The ranges are fixed before anything runs (so are the results, whichever thread
+    computes a range); each is claimed by the first thread free to run it, the calling
+    thread included, so a worker that the operating system has not scheduled yet delays
+    nothing (``_Workers.run``).
     ``fn`` writes its results into preallocated arrays; an exception in any part is re-raised.
     """
     parts = min(_n_threads, max(1, n // max(1, grain)))
@@ -105,7 +106,7 @@ def run_tasks(*tasks):
 
     With one thread they simply run one after the other. Used where a backward pass has two
     products of equal cost that share nothing but their inputs (``dX = dY Wᵀ`` and ``dW = Xᵀ dY``).
-    As in ``parallel_for``, the calling thread runs every task that no worker has claimed yet.
+    As in ``parallel_for``, the calling thread runs every task no worker has claimed.
     """
     if _n_threads == 1 or len(tasks) == 1 or getattr(_local, "inside", False):
         return [t() for t in tasks]
@@ -131,8 +132,8 @@ def scratch(slot, shape, dtype):
 class _Workers:
     """``k`` daemon threads that take jobs (zero-argument callables) from one queue.
 
-    Lighter than ``concurrent.futures.ThreadPoolExecutor`` (no Future or Condition per job): the
-    smallest kernels are split dozens of times per training step.
+    Lighter than ``concurrent.futures.ThreadPoolExecutor`` (no Future or Condition per
+    job): the smallest kernels are split dozens of times per training step.
     """
 
     def __init__(self, k):
@@ -149,19 +150,20 @@ class _Workers:
             job()
 
     def run(self, tasks):
-        """Run ``tasks`` (each ``(fn, *args)``) on this thread and up to ``k`` workers; return
-        their results in order. The first exception is re-raised, but only after every task has
-        run (none is left writing into arrays the caller reuses).
+        """Run ``tasks`` (each ``(fn, *args)``) on this thread and up to ``k`` workers;
+        return their results in order. The first exception is re-raised, but only after
+        every task has run (none is left writing into arrays the caller reuses).
 
-        Tasks are claimed one at a time from a shared counter (``next`` on an ``itertools.count``
-        is atomic under the GIL) by this thread and by the workers it wakes. A worker that starts
-        late, when every task is claimed, finds nothing and does nothing; so the caller waits only
-        for tasks that are running, never for a worker that is still waiting for a core (on a
-        shared machine that wait is a scheduler time slice, milliseconds). Each call has its own
-        counter and result queue, so callers on different threads never mix their tasks."""
+        Tasks are claimed one at a time from a shared counter (``next`` on an
+        ``itertools.count`` is atomic under the GIL) by this thread and by the workers it
+        wakes. A worker that starts late, when every task is claimed, finds nothing and
+        does nothing; so the caller waits only for tasks that are running, never for a
+        worker still waiting for a core (on a shared machine that wait is a scheduler
+        time slice: milliseconds, where a split saves tens of microseconds). Each call has
+        its own counter and result queue, so callers on different threads never mix."""
         n = len(tasks)
         claim = itertools.count()
-        done = queue.SimpleQueue()                 # (i, ok, value) of the tasks workers ran
+        done = queue.SimpleQueue()                 # (i, ok, value) of workers' tasks
         results = [None] * n
 
         def helper():
@@ -169,13 +171,13 @@ class _Workers:
                 fn, *args = tasks[i]
                 try:
                     done.put((i, True, fn(*args)))
-                except BaseException as e:         # handed to the caller, which re-raises it
+                except BaseException as e:         # handed to the caller, re-raised
                     done.put((i, False, e))
 
         for _ in range(min(self.k, n - 1)):
             self.jobs.put(helper)
         error, own = None, 0
-        _local.inside = True                       # parts run by the caller do not split again
+        _local.inside = True                       # the caller's parts never split again
         try:
             while (i := next(claim)) < n:
                 own += 1

@@ -1,19 +1,19 @@
-"""One decoding step of seed 004's pre-norm block, with few NumPy calls: the same arithmetic.
+"""One decoding step of seed 004's pre-norm block in few NumPy calls, same arithmetic.
 
-Generating one token for ``B`` sequences works on rows of ``C`` numbers: every product is a
-matrix-vector product, and the fixed cost of each call (argument checks, views, closures, the
-thread pool's bookkeeping) outweighs the arithmetic. A step through the general layers makes
-about 1,300 Python calls per token at 4 layers; the functions here make the same NumPy calls on
-the same arrays, in the same order, and nothing else:
+Generating one token for ``B`` sequences works on rows of ``C`` numbers: every product
+is a matrix-vector product, and the fixed cost of each call (argument checks, views,
+closures, the thread pool's bookkeeping) outweighs the arithmetic. A step through the
+general layers makes about 1,300 Python calls per token at 4 layers; the functions here
+make the same NumPy calls on the same arrays, in the same order, and little else:
 
-    X ← X + Attn(LN₁(X)),  X ← X + MLP(LN₂(X))          X: (B, C), one new position per row
+    X ← X + Attn(LN₁(X)),  X ← X + MLP(LN₂(X))       X: (B, C), one new position a row
 
-with the new keys and values written into the block's ``KVCache``. The results are those of
-``layernorm_forward``, ``linear_forward``, ``attention_forward`` (one query: no mask),
-``gelu_forward`` (tanh) and the block's residual sums, bit for bit (``tests/test_decode.py``),
-because each kernel's arithmetic is repeated call for call on arrays of the same shapes and
-strides: only when no kernel would split its work across threads (``no_split``), so that the
-general path computes each result whole as well.
+with the new keys and values written into the block's ``KVCache``. The results are
+those of ``layernorm_forward``, ``linear_forward``, ``attention_forward`` (one query, no
+mask), ``gelu_forward`` (tanh) and the residual sums, bit for bit
+(``tests/test_decode.py``): each kernel's arithmetic is repeated call for call on arrays
+of the same shapes and strides. It is used only where no kernel would split its work
+across threads (``no_split``), so the general path computes every result whole as well.
 """
 import math
 
@@ -25,11 +25,14 @@ from .activations import _GELU_A, _GELU_B
 from .attention import _split_axis
 from .softmax import _softmax_inplace
 
+DTYPES = (np.dtype(np.float32), np.dtype(np.float64))   # float16/bfloat16: general path
+
 
 def no_split(B, C, d_ff, H):
-    """True when the general kernels run a one-token step of ``B`` rows unsplit: the largest
-    product (``B × C × d_ff`` multiply-adds) below two parts of ``linear._MIN_MACS``, attention's
-    ``B`` sequences below its grain, and elementwise work below two ``parallel.MIN_PART``."""
+    """True when the general kernels run a one-token step of ``B`` rows unsplit: the
+    largest product (``B × C × d_ff`` multiply-adds) below two parts of
+    ``linear._MIN_MACS``, attention's ``B`` sequences below its grain, and elementwise
+    work below two ``parallel.MIN_PART``."""
     if parallel.get_num_threads() == 1:
         return True
     items, grain = _split_axis(np.empty((B, H, 1, C // H), np.float32))
@@ -38,8 +41,8 @@ def no_split(B, C, d_ff, H):
 
 
 def layernorm_rows(x, gamma, beta, eps, ones_C):
-    """y = γ ⊙ (x − μ)·rstd + β for ``x: (N, C)``: ``layernorm_forward``'s row arithmetic, with
-    ``ones_C = (1/C, …, 1/C)``. Returns y, a new (N, C) array."""
+    """y = γ ⊙ (x − μ)·rstd + β for ``x: (N, C)``: ``layernorm_forward``'s row
+    arithmetic, with ``ones_C = (1/C, …, 1/C)``. Returns y, a new (N, C) array."""
     N, C = x.shape
     y = np.empty_like(x)
     m, r = np.empty((N, 1), x.dtype), np.empty((N, 1), x.dtype)
@@ -57,7 +60,7 @@ def layernorm_rows(x, gamma, beta, eps, ones_C):
 
 
 def linear_rows(x, W, b):
-    """Y = X W + b for ``x: (N, C_in)``: ``linear_forward`` on unsplit rows. Returns Y (new)."""
+    """Y = X W + b for ``x: (N, C_in)``: ``linear_forward`` on unsplit rows (new Y)."""
     y = np.empty((x.shape[0], W.shape[1]), W.dtype)
     np.matmul(x, W, out=y)
     if b is not None:
@@ -66,8 +69,9 @@ def linear_rows(x, W, b):
 
 
 def gelu_rows(h):
-    """GELU (tanh form) of ``h`` in place: ``gelu_forward``'s arithmetic, y = x σ(2u). The caller
-    holds ``np.errstate(over="ignore", under="ignore")`` (e^{−2u} may overflow to inf: exact)."""
+    """GELU (tanh form) of ``h``, in place: ``gelu_forward``'s arithmetic, y = x σ(2u).
+    The caller holds ``np.errstate(over="ignore", under="ignore")``: e^{−2u} may
+    overflow to inf, which is exact (σ = 0)."""
     u = np.empty_like(h)
     np.multiply(h, h, out=u)
     u *= _GELU_B
@@ -81,25 +85,27 @@ def gelu_rows(h):
 
 
 def attention_one(qkv, cache, H, scale, ones_L):
-    """softmax(q Kᵀ · scale) V for one new query per sequence, its key and value appended first.
+    """softmax(q Kᵀ · scale) V for one new query a sequence, after appending its k and v.
 
-    ``qkv: (B, 1, 3C)`` (the fused projection of the new positions), ``cache``: the block's
-    ``KVCache`` (t positions before, t + 1 after). Returns the heads merged, ``(B, 1, C)``, and the
-    probabilities ``(B, H, 1, t + 1)``. The views, the scaling of q, the products and the
-    softmax are ``attention_forward``'s, on the arrays ``MultiHeadAttention.forward`` passes it.
+    ``qkv: (B, 1, 3C)`` (the fused projection of the new positions), ``cache``: the
+    block's ``KVCache`` (t positions before, t + 1 after). Returns the heads merged,
+    ``(B, 1, C)``, and the probabilities ``(B, H, 1, t + 1)``. The views, the scaling of
+    q, the products and the softmax are ``attention_forward``'s, on the arrays that
+    ``MultiHeadAttention.forward`` passes it.
     """
     B, _, C3 = qkv.shape
     C = C3 // 3
     D = C // H
     q, k, v = (qkv[..., i * C:(i + 1) * C].reshape(B, 1, H, D).transpose(0, 2, 1, 3)
-               for i in range(3))                                  # (B, H, 1, D) views
+               for i in range(3))                        # (B, H, 1, D) views
     t = cache.t
     if t + 1 > cache.k.shape[2]:
-        raise ValueError(f"k: cache holds {cache.k.shape[2]} positions, {t + 1} requested")
+        raise ValueError(f"k: cache holds {cache.k.shape[2]} positions, "
+                         f"{t + 1} requested")
     cache.k[:, :, t:t + 1] = k
     cache.v[:, :, t:t + 1] = v
     cache.t = t + 1
-    K, V = cache.k[:, :, :t + 1], cache.v[:, :, :t + 1]            # (B, H, t + 1, D)
+    K, V = cache.k[:, :, :t + 1], cache.v[:, :, :t + 1]  # (B, H, t + 1, D)
     S = np.empty((B, H, 1, t + 1), qkv.dtype)
     np.matmul(np.multiply(q, scale, dtype=qkv.dtype), K.swapaxes(-1, -2), out=S)
     m = S.max(axis=-1, keepdims=True)
@@ -107,7 +113,7 @@ def attention_one(qkv, cache, H, scale, ones_L):
         S -= m
         np.exp(S, out=S)
         S /= np.matmul(S, ones_L[:t + 1])[..., None]
-    else:                                  # NaN or ±inf scores: the kernel's checks and rules
+    else:                            # NaN or ±inf scores: the kernel's checks and rules
         _softmax_inplace(S)
     merged = np.empty((B, 1, C), qkv.dtype)
     np.matmul(S, V, out=merged.reshape(B, 1, H, D).transpose(0, 2, 1, 3))
@@ -115,22 +121,23 @@ def attention_one(qkv, cache, H, scale, ones_L):
 
 
 def block_step(x, blk, cache, ones_C, ones_L):
-    """One pre-norm block on the new positions ``x: (B, C)`` -> ``(B, C)``, filling ``cache``.
-
-    ``blk`` is a ``PreNormBlock`` with LayerNorm, a fused W_qkv, multi-head attention (H_kv = H),
-    no RoPE, the plain kernel and a GELU (tanh) MLP; its parameters are read as they are now.
+    """One pre-norm block on the new positions ``x: (B, C)`` -> ``(B, C)``; fills
+    ``cache``. ``blk`` is a ``PreNormBlock`` with LayerNorm, a fused W_qkv, multi-head
+    attention (H_kv = H), no RoPE, the plain kernel and a GELU (tanh) MLP; its parameters
+    are read as they are now.
     """
     attn, ffn = blk.attn, blk.ffn
     B, C = x.shape
     a = layernorm_rows(x, blk.ln1.gamma, blk.ln1.beta, blk.ln1.eps, ones_C)
     qkv = linear_rows(a, attn.qkv.W, attn.qkv.b).reshape(B, 1, 3 * C)
-    scale = 1.0 / math.sqrt(C // attn.n_heads) if attn.scale is None else float(attn.scale)
-    merged, attn.att = attention_one(qkv, cache, attn.n_heads, scale, ones_L)
-    attn._cache = None                                             # no backward after a cached step
+    H = attn.n_heads
+    scale = 1.0 / math.sqrt(C // H) if attn.scale is None else float(attn.scale)
+    merged, attn.att = attention_one(qkv, cache, H, scale, ones_L)
+    attn._cache = None                                   # no backward after a cached step
     h = linear_rows(merged.reshape(B, C), attn.o.W, attn.o.b)
-    h += x                                                         # X + MHA(LN(X))
-    f = gelu_rows(linear_rows(layernorm_rows(h, blk.ln2.gamma, blk.ln2.beta, blk.ln2.eps, ones_C),
-                              ffn.fc1.W, ffn.fc1.b))
+    h += x                                               # X + MHA(LN(X))
+    a = layernorm_rows(h, blk.ln2.gamma, blk.ln2.beta, blk.ln2.eps, ones_C)
+    f = gelu_rows(linear_rows(a, ffn.fc1.W, ffn.fc1.b))
     out = linear_rows(f, ffn.fc2.W, ffn.fc2.b)
-    out += h                                                       # X + FFN(LN(X))
+    out += h                                             # X + FFN(LN(X))
     return out

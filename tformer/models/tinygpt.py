@@ -98,10 +98,10 @@ class TinyGPT(Module):
         self._recompute = (Recompute(self.blocks, blocks_per_segment) if gradient_checkpointing
                            else None)
         self._recomputed = False           # did the last forward pass go through _recompute?
-        # The lean one-token step (tformer.kernels.decode) exists for seed 004's block only.
+        # The lean one-token step (tformer.kernels.decode) is seed 004's block only.
         self._lean = (norm == "layernorm" and positions != "rope" and mlp == "gelu"
-                      and n_kv_heads == n_heads and attention == "plain" and norm_position == "pre"
-                      and not tie_embeddings and np.dtype(dtype) in (np.float32, np.float64))
+                      and n_kv_heads == n_heads and attention == "plain"
+                      and norm_position == "pre" and not tie_embeddings)
 
     def forward(self, tokens, kv_caches=None):
         """tokens: (B, T) -> logits (B, T, V). With ``kv_caches`` (one per block, inference only) the
@@ -119,10 +119,11 @@ class TinyGPT(Module):
         start = kv_caches[0].t if kv_caches else 0
         if start + T > self.max_len:
             raise ValueError(f"tokens: {start + T} positions exceed max_len = {self.max_len}")
+        cfg = self.config
         if (kv_caches and T == 1 and self._lean and self.lean_decode and not self.training
-                and decode.no_split(B, self.config["d_model"], self.config["d_ff"],
-                                    self.config["n_heads"])):
-            return self._decode_step(tokens, kv_caches, start)           # (B, 1, V)
+                and self.wte.W.dtype in decode.DTYPES
+                and decode.no_split(B, cfg["d_model"], cfg["d_ff"], cfg["n_heads"])):
+            return self._decode_step(tokens, kv_caches, start)     # (B, 1, V)
         # W_pe[start:start+T] is the same (T, C) block for every sequence: it is added by
         # broadcasting instead of being gathered B times, and its gradient is a sum over the batch.
         x = self.wte(tokens)                                            # (B, T, C), a fresh gather
@@ -138,24 +139,27 @@ class TinyGPT(Module):
             x = block(x, None, kv_caches[i] if kv_caches else None)   # (B, T, C)
         return self.lm_head(self.ln_f(x))                              # (B, T, V)
 
-    lean_decode = True   # False: every step through the general layers (tests compare the two)
+    lean_decode = True   # False: every step through the general layers (tests compare)
 
     def _decode_step(self, tokens, kv_caches, start):
-        """One new token per sequence after ``start`` cached ones, through ``kernels.decode``: the
-        same arithmetic as the general layers, in a tenth of the Python calls. -> (B, 1, V)."""
+        """One new token per sequence after ``start`` cached ones, through
+        ``kernels.decode``: the general layers' arithmetic in a tenth of the Python calls.
+        -> (B, 1, V)."""
         B = tokens.shape[0]
         W = self.wte.W
         index_range("tokens", tokens, 0, W.shape[0])
-        x = W[tokens[:, 0]]                                             # (B, C), a fresh gather
+        x = W[tokens[:, 0]]                                   # (B, C), a fresh gather
         x += self.wpe.W[start] if self.wpe is not None else self.pe[start]
         C = x.shape[1]
         ones_C, ones_L = np.full(C, 1.0 / C, x.dtype), np.ones(self.max_len, x.dtype)
-        with np.errstate(over="ignore", under="ignore"):               # GELU's e^{−2u} → inf: exact
+        with np.errstate(over="ignore", under="ignore"):     # GELU's e^{−2u} → inf: exact
             for blk, cache in zip(self.blocks, kv_caches):
                 x = decode.block_step(x, blk, cache, ones_C, ones_L)   # (B, C)
-        x = decode.layernorm_rows(x, self.ln_f.gamma, self.ln_f.beta, self.ln_f.eps, ones_C)
+        ln = self.ln_f
+        x = decode.layernorm_rows(x, ln.gamma, ln.beta, ln.eps, ones_C)
         self._positions, self._recomputed = (start, 1), False
-        return decode.linear_rows(x, self.lm_head.W, self.lm_head.b)[:, None]   # (B, 1, V)
+        head = self.lm_head
+        return decode.linear_rows(x, head.W, head.b)[:, None]       # (B, 1, V)
 
     def backward(self, dlogits):
         """dlogits: (B, T, V) -> None (tokens have no gradient); accumulates every parameter's gradient."""
