@@ -21,22 +21,6 @@ def softmax_forward(x, axis=-1):
     return s, (s, axis)
 
 
-def row_max(x):
-    """m = max_j x_j along the last axis, keepdims: ``x.max(axis=-1, keepdims=True)``.
-
-    NumPy reduces a short last axis (the 64 to 256 keys of an attention row) a row at a
-    time, at about 1 ns per number; halving the rows with ``np.maximum(x[..., :h],
-    x[..., h:])`` while their length is even is elementwise work over whole arrays, about
-    twice as fast. A maximum does not depend on the order it is taken in (NaN propagates
-    either way), so the values are exactly the same.
-    """
-    n = x.shape[-1]
-    while n > 8 and n % 2 == 0:
-        n //= 2
-        x = np.maximum(x[..., :n], x[..., n:])
-    return x.max(axis=-1, keepdims=True)
-
-
 def _softmax_inplace(x):
     """softmax_forward along the last axis, written over ``x`` itself, returned.
 
@@ -53,7 +37,7 @@ def _softmax_inplace(x):
     if is_low(x.dtype):
         np.copyto(x, _softmax_inplace(x.astype(np.float32)), casting="same_kind")
         return x
-    m = row_max(x)
+    m = x.max(axis=-1, keepdims=True)
     if np.isnan(m).any() or np.isposinf(m).any():
         raise ValueError("x: contains NaN or +inf; softmax of such a row is undefined")
     all_masked = np.isneginf(m)
