@@ -99,6 +99,8 @@ def test_lean_step_errors_match_the_general_path():
     model.forward(np.array([[1, 2]]), kv_caches=caches)
     with pytest.raises(ValueError, match="tokens"):
         model.forward(np.array([[300]]), kv_caches=caches)          # not a byte
+    with pytest.raises(ValueError, match="kv_caches: expected one per block"):
+        model.forward(np.array([[3]]), kv_caches=caches + caches)
     model.blocks[0].attn.qkv.W[0, 0] = np.nan
     for lean in (True, False):
         model.lean_decode = lean

@@ -116,6 +116,9 @@ class TinyGPT(Module):
         if B == 0 or T == 0:
             raise ValueError(f"tokens: expected at least one sequence (B ≥ 1) of at least one token "
                              f"(T ≥ 1), got shape {tokens.shape}")
+        if kv_caches and len(kv_caches) != len(self.blocks):
+            raise ValueError(f"kv_caches: expected one per block ({len(self.blocks)}), "
+                             f"got {len(kv_caches)}")
         start = kv_caches[0].t if kv_caches else 0
         if start + T > self.max_len:
             raise ValueError(f"tokens: {start + T} positions exceed max_len = {self.max_len}")
