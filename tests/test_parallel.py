@@ -133,21 +133,23 @@ def test_nested_calls_run_serially_and_errors_reach_the_caller(threads):
 
 
 def test_the_caller_runs_the_parts_no_worker_claimed(threads):
-    """A worker that is busy (or not yet scheduled) delays nothing: the calling thread claims
-    and runs every part itself, and a late worker finds nothing left to do."""
+    """A worker that is busy (or not yet scheduled) delays nothing: the calling thread
+    claims and runs every part itself, and a late worker finds nothing left to do."""
     threads(2)
     release = threading.Event()
     parallel._workers().jobs.put(lambda: release.wait(30))     # the one worker is busy
     try:
         seen = []
-        parallel.parallel_for(lambda lo, hi: seen.append((lo, hi, threading.get_ident())), 1000)
+        parallel.parallel_for(
+            lambda lo, hi: seen.append((lo, hi, threading.get_ident())), 1000)
         assert len(seen) == 2 and {s[2] for s in seen} == {threading.get_ident()}
-        assert sorted(s[:2] for s in seen)[0][0] == 0 and sum(hi - lo for lo, hi, _ in seen) == 1000
+        assert sorted(s[:2] for s in seen)[0][0] == 0
+        assert sum(hi - lo for lo, hi, _ in seen) == 1000
         assert parallel.run_tasks(lambda: threading.get_ident(), lambda: 7) == [
             threading.get_ident(), 7]
     finally:
         release.set()
-    parallel.parallel_for(lambda lo, hi: None, 1000)              # the pool still works after
+    parallel.parallel_for(lambda lo, hi: None, 1000)       # the pool still works after
 
 
 def test_set_num_threads_rejects_bad_counts_and_limits_blas(threads):

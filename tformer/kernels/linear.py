@@ -7,8 +7,8 @@ from .._validate import float_array, same_dtype
 
 # Split a product by rows only when each part has at least this many multiply-adds: below
 # it the hand-off to another thread costs more than it saves. 2M multiply-adds take about
-# 20 µs on one core, about a hand-off's cost; and each row block of a skinny product (a few
-# rows: decoding) reads all of W again.
+# 20 µs on one core, about a hand-off's cost; and each row block of a skinny product (a
+# few rows: decoding) reads all of W again.
 _MIN_MACS = 1 << 21
 
 
