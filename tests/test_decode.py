@@ -17,7 +17,7 @@ def threads():
 
 
 def _steps(model, seq, prefill, lean):
-    """Logits of every one-token step after a ``prefill``-token prompt, lean path on/off."""
+    """Logits of each one-token step after a ``prefill``-token prompt, lean path on/off."""
     model.lean_decode = lean
     caches = model.new_kv_caches(seq.shape[0])
     model.forward(seq[:, :prefill], kv_caches=caches)
@@ -74,7 +74,8 @@ def test_lean_step_is_taken_only_where_it_applies(monkeypatch):
     for kw, used in [({}, True), (dict(positions="rope"), False),
                      (dict(attention="flash"), False), (dict(n_kv_heads=2), False),
                      (dict(norm="rmsnorm"), False), (dict(mlp="swiglu"), False),
-                     (dict(tie_embeddings=True), False), (dict(norm_position="post"), False)]:
+                     (dict(tie_embeddings=True), False),
+                     (dict(norm_position="post"), False)]:
         calls.clear()
         model = TinyGPT(d_model=32, n_heads=4, n_layers=2, max_len=12, seed=0, **kw)
         out = greedy(model, seq[:, :4], 8)
