@@ -23,6 +23,46 @@ def test_display_is_a_fenced_python_block_per_object():
     assert repr(shown).startswith("def softmax_forward(") and "def softmax_backward(" in repr(shown)
 
 
+def test_each_block_links_to_its_object_in_its_file():
+    shown = show_source("tformer.kernels.softmax._softmax_inplace", "tformer.optim.Adam._update",
+                        "tformer.functional.softmax_forward")
+    assert shown.anchors == ["_softmax_inplace", "Adam._update", "softmax_forward"]
+    md = shown._repr_markdown_()
+    # relative to notebooks/: the .py file in JupyterLab; book/_ext/source_links.py points the
+    # same link at the highlighted page in the built book
+    for href in ("../tformer/kernels/softmax.py#_softmax_inplace", "../tformer/optim.py#Adam._update",
+                 "../tformer/kernels/softmax.py#softmax_forward"):     # where it is defined
+        assert f'<a class="tformer-source-link" href="{href}">' in md
+    assert md.index("#Adam._update") < md.index("def _update")
+
+
+def test_source_links_are_rewritten_to_viewcode_pages():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "book" / "_ext" / "source_links.py"
+    spec = importlib.util.spec_from_file_location("source_links", path)
+    ext = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ext)
+
+    class Env:
+        _viewcode_modules = {"tformer.kernels.softmax": ("", {}, {}, "tformer.functional")}
+
+    class App:
+        class builder:
+            env = Env()
+
+    body = ('<a class="tformer-source-link" href="../tformer/kernels/softmax.py#softmax_forward">'
+            '<a class="tformer-source-link" href="../tformer/optim.py#Adam._update">'
+            '<a class="tformer-source-link" href="../tformer/optim.py#Adam._update">')
+    context = {"body": body}
+    ext.rewrite(App, "notebooks/01_softmax", "page.html", context, None)
+    out = context["body"]
+    assert 'href="../_modules/tformer/kernels/softmax.html#softmax_forward" ' \
+           'id="tformer.functional.softmax_forward"' in out
+    assert out.count('href="../_modules/tformer/optim.html#Adam._update"') == 2
+    assert out.count('id="tformer.optim.Adam._update"') == 1          # one id per page
+
+
 @pytest.mark.parametrize("name, error, words", [
     ("numpy.linalg.norm", ValueError, "inside tformer"),
     ("tformer.kernels.softmax.nope", ValueError, "has no 'nope'"),

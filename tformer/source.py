@@ -4,6 +4,12 @@ A chapter's "Where is this in the code" section shows the code it has just verif
 package at the moment the cell runs, so the package stays the one copy. ``show_source(name, ...)``
 returns a ``Source`` whose rich display is a fenced Python block (``text/markdown``: highlighted in
 the built book and in JupyterLab) and whose plain text is the code itself, which nbval compares.
+
+Above each block is a link to the object in its file, ``../tformer/<module>.py#<qualified name>``,
+relative to ``notebooks/`` where the chapters live. In JupyterLab it opens the ``.py`` file; in the
+built book, ``book/_ext/source_links.py`` points it at the highlighted page of that module
+(``_modules/tformer/<module>.html#<qualified name>``, Sphinx's viewcode) and makes sure that page
+has the anchor; ``tools/check_links.py`` fails if it does not lead there.
 """
 import ast
 import importlib
@@ -15,17 +21,29 @@ from pathlib import Path
 PACKAGE_ROOT = Path(__file__).resolve().parent
 
 
-class Source:
-    """The source of one or more objects: ``blocks`` is a list of ``(file, code)`` pairs."""
+#: Where the chapters live, relative to the repository: the links above each block start from here.
+NOTEBOOK_DIR_TO_ROOT = ".."
 
-    def __init__(self, blocks):
+
+class Source:
+    """The source of one or more objects: ``blocks`` is a list of ``(file, code)`` pairs and
+    ``anchors`` the qualified name of each object inside its file (``"Adam._update"``)."""
+
+    def __init__(self, blocks, anchors=None):
         self.blocks = list(blocks)
+        self.anchors = list(anchors) if anchors is not None else [None] * len(self.blocks)
 
     def __repr__(self):
         return "\n\n".join(code for _, code in self.blocks)
 
     def _repr_markdown_(self):
-        return "\n\n".join(f"```python\n# {file}\n{code}\n```" for file, code in self.blocks)
+        parts = []
+        for (file, code), anchor in zip(self.blocks, self.anchors):
+            if anchor:
+                href = f"{NOTEBOOK_DIR_TO_ROOT}/{file}#{anchor}"
+                parts.append(f'<a class="tformer-source-link" href="{href}">{file}: {anchor}</a>')
+            parts.append(f"```python\n# {file}\n{code}\n```")
+        return "\n\n".join(parts)
 
 
 def _resolve(name):
@@ -102,8 +120,27 @@ def source_of(name):
     return file.relative_to(PACKAGE_ROOT.parent).as_posix(), code
 
 
+def anchor_of(name):
+    """The qualified name of ``name`` inside the module that defines it: ``'softmax_forward'`` for
+    ``'tformer.kernels.softmax.softmax_forward'``, ``'Adam._update'`` for ``'tformer.optim.Adam._update'``
+    (Sphinx's viewcode uses it as the anchor on the module's highlighted page)."""
+    try:
+        target = inspect.unwrap(_resolve(name))
+    except ModuleNotFoundError:                   # an optional dependency is missing: read as text
+        parts = name.split(".")
+        for cut in range(len(parts) - 1, 0, -1):
+            if importlib.util.find_spec(".".join(parts[:cut])) is not None:
+                return ".".join(parts[cut:])
+        raise
+    qualname = getattr(target, "__qualname__", None)
+    if not qualname or "<locals>" in qualname:
+        raise ValueError(f"name: {name!r} has no qualified name in its module")
+    return qualname
+
+
 def show_source(*names):
-    """The source of each named object (``'tformer.kernels.softmax.softmax_forward'``), in order."""
+    """The source of each named object (``'tformer.kernels.softmax.softmax_forward'``), in order,
+    each with a link to it in its file."""
     if not names:
         raise ValueError("names: expected at least one dotted name, got none")
-    return Source(source_of(name) for name in names)
+    return Source([source_of(name) for name in names], [anchor_of(name) for name in names])

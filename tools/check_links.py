@@ -10,12 +10,18 @@ Every page of the site is read, and for each one:
 - every cross-reference to the API (``{py:func}``, ``{py:class}``, ...) must have resolved to a
   link: Sphinx renders one that did not as bare code, with no warning outside nitpicky mode;
 - every entry of the API reference (a function, class or method signature of ``book/api.html``;
-  properties and constants are found through their class or module) must have its ``[source]`` link (``sphinx.ext.viewcode``) to a page of the site.
+  properties and constants are found through their class or module) must have its ``[source]`` link (``sphinx.ext.viewcode``) to a page of the site;
+- every listing a chapter shows with ``show_source`` (a code block whose first line is
+  ``# tformer/<module>.py``) must come with its link to the highlighted source page,
+  ``_modules/tformer/<module>.html#<name>`` (``book/_ext/source_links.py``), and a chapter with a
+  "Where is this in the code" section must have at least one: the reader's one hop from the
+  chapter to the code. The link's file and anchor are checked like any other.
 
 External links (http, https, mailto, ...) are not fetched: the site must work offline, and
 the tests download nothing. Uses the standard library only.
 """
 import argparse
+import re
 import sys
 from html.parser import HTMLParser
 from pathlib import Path
@@ -23,6 +29,11 @@ from urllib.parse import unquote, urlsplit
 
 LINK_ATTRS = {"a": "href", "link": "href", "img": "src", "script": "src", "iframe": "src"}
 API_PAGE = "book/api.html"
+# a show_source listing's first line, as Pygments highlights it, and the link above it
+LISTING = re.compile(r'<span class="c1"># tformer/[A-Za-z0-9_/]+\.py</span>')
+SOURCE_LINK = re.compile(r'<a class="tformer-source-link" href="(?:\.\./)*_modules/tformer/'
+                         r'[A-Za-z0-9_/]+\.html#[A-Za-z0-9_.]+"')
+WHERE = "Where is this in the code"
 
 
 class Page(HTMLParser):
@@ -116,6 +127,12 @@ def check(site):
                 if anchor not in ids:
                     problems.append(f"{name}:{line}: link to {url!r}: no id {anchor!r} in "
                                     f"{target.relative_to(site)}")
+        if name.parts[0] == "notebooks":
+            html = path.read_text(encoding="utf-8", errors="replace")
+            listings, links = len(LISTING.findall(html)), len(SOURCE_LINK.findall(html))
+            if listings > links or (WHERE in html and not links):
+                problems.append(f"{name}: {listings} show_source listing(s) but {links} link(s) "
+                                f"to the highlighted source (_modules/...#name)")
         for line, text in page.unresolved:
             problems.append(f"{name}:{line}: reference {text.strip()!r} resolves to nothing "
                             f"(not in the API reference?)")
