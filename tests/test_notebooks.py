@@ -21,6 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = ROOT / "notebooks"
 MAX_BYTES = 2_000_000
 MAX_IGNORED_SHARE = 0.30
+MAX_CODE_LINE = 90
+MAX_OUTPUT_LINE = 2 * MAX_CODE_LINE
 # nbval 0.11 honours a marker only when the comment is exactly the marker (reasons go on the next line)
 MARKERS = {"NBVAL_IGNORE_OUTPUT", "NBVAL_RAISES_EXCEPTION", "NBVAL_SKIP", "NBVAL_CHECK_OUTPUT"}
 MACHINE_PATH = re.compile(
@@ -207,6 +209,40 @@ def measured_prints(sources):
     return [tracker.cell(src) for src in sources]
 
 
+def width_problems(nb):
+    """Lines that would not fit a chapter page at a 1280-pixel window.
+
+    The rule: every line of a code cell keeps to ``MAX_CODE_LINE`` (90) characters, which is what
+    a code cell of the built book holds at 1280 px without a horizontal scrollbar
+    (``_static/tformer.css`` sets the width and the font for it; ``make check-pages`` measures it).
+    Stored text output (streams, and results that have no richer form than plain text: a SymPy
+    result's LaTeX is what the book shows, not its text/plain) wraps at the page's edge in the book
+    instead of scrolling, so its lines may be longer, but at most ``MAX_OUTPUT_LINE`` (2 × 90)
+    characters: a line wraps once at most, and a longer printout (a dict, a list of names) is
+    printed in lines of its own.
+    """
+    problems = []
+    code = [c for c in nb.get("cells", []) if c.get("cell_type") == "code"]
+    for i, cell in enumerate(code):
+        for n, line in enumerate(_text(cell.get("source", "")).splitlines(), 1):
+            if len(line) > MAX_CODE_LINE:
+                problems.append(f"code cell {i}, line {n}: {len(line)} characters, over "
+                                f"{MAX_CODE_LINE}: {line[:60]!r}...")
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream":
+                text = _text(out.get("text", ""))
+            elif out.get("output_type") in ("execute_result", "display_data") \
+                    and set(out.get("data", {})) == {"text/plain"}:    # shown as plain text
+                text = _text(out["data"]["text/plain"])
+            else:
+                continue
+            for line in text.splitlines():
+                if len(line) > MAX_OUTPUT_LINE:
+                    problems.append(f"code cell {i}: an output line of {len(line)} characters, "
+                                    f"over {MAX_OUTPUT_LINE}: {line[:60]!r}...")
+    return problems
+
+
 def notebook_problems(nb, size=0):
     """Return a list of readable problems of one notebook, given as a dict (nbformat 4 JSON)."""
     problems = []
@@ -272,6 +308,25 @@ def test_notebook_hygiene(path):
         pytest.fail(f"{path.relative_to(ROOT)} is not readable as JSON: {e}")
     problems = notebook_problems(nb, size=path.stat().st_size)
     assert not problems, f"{path.relative_to(ROOT)}:\n  " + "\n  ".join(problems)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[str(p.relative_to(ROOT)) for p in NOTEBOOKS])
+def test_notebook_lines_fit_the_page(path):
+    problems = width_problems(json.loads(path.read_text(encoding="utf-8")))
+    assert not problems, f"{path.relative_to(ROOT)}:\n  " + "\n  ".join(problems)
+
+
+def test_width_check_flags_a_long_code_line_and_a_long_output_line():
+    nb = _good_notebook()
+    assert width_problems(nb) == []
+    nb["cells"][1]["source"] = "x = " + "1 + " * 22 + "1"                 # 93 characters
+    nb["cells"][1]["outputs"] = [_stream("y" * (MAX_OUTPUT_LINE + 1) + "\n")]
+    problems = width_problems(nb)
+    assert len(problems) == 2
+    assert "93 characters, over 90" in problems[0] and "181 characters" in problems[1]
+    nb["cells"][1]["source"] = "x = " + "1 + " * 21 + "1"                 # 89 characters: fits
+    nb["cells"][1]["outputs"] = [_stream("y" * MAX_OUTPUT_LINE + "\n")]
+    assert width_problems(nb) == []
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[str(p.relative_to(ROOT)) for p in NOTEBOOKS])
