@@ -6,9 +6,10 @@
 # On a fresh machine with Python 3.11 and make, `make book` and `make test` do all of the setup.
 #
 #   make book        build the site into _build/html (any warning fails the build)
-#   make test        test-unit, test-nbval, test-nbval-other, test-browser, book, check-links;
-#                    then each one's result and time
+#   make test        test-unit, test-nbval, test-nbval-other, test-browser, book, check-links,
+#                    check-pages; then each one's result and time
 #   make check-links internal links and anchors of the built site (_build/html) all lead somewhere
+#   make check-pages every built page in headless Chromium at 1280 px: nothing overflows sideways
 #   make test-unit   pytest tests (unit tests and the notebook hygiene check)
 #   make test-nbval  nbval: re-run every notebook and compare with its stored outputs
 #   make test-nbval-other  nbval again, under an older CPU's floating-point arithmetic
@@ -60,12 +61,12 @@ $(NOTEBOOK_TARGETS): export PYTHONHASHSEED := 0
 $(NOTEBOOK_TARGETS): export JUPYTER_PREFER_ENV_PATH := 1
 $(NOTEBOOK_TARGETS): export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help venv book check-links test test-unit test-nbval test-nbval-other test-browser execute \
+.PHONY: help venv book check-links check-pages test test-unit test-nbval test-nbval-other test-browser execute \
 	serve lab torch run \
 	bench clean
 
 help:
-	@sed -n '3,23p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,24p' Makefile | sed 's/^# \{0,1\}//'
 
 # --- environment -------------------------------------------------------------------------------
 
@@ -104,6 +105,16 @@ check-links: $(STAMP)
 	@if [ ! -f _build/html/index.html ]; then $(MAKE) --no-print-directory book; fi
 	$(BIN)/python tools/check_links.py _build/html
 
+# Every page of the built site (chapters, API, source pages) in headless Chromium at a 1280-pixel
+# window: no page, code cell, output, table or equation may overflow sideways (tools/page_check.py,
+# about 45 s). Needs Chromium and Playwright (requirements-lab.txt, installed on first use); where
+# no Chromium is installed it says so in one line and skips.
+check-pages: $(TEST_STAMP)
+	@if [ ! -f _build/html/index.html ]; then $(MAKE) --no-print-directory book; fi
+	@note="$$($(BIN)/python tools/page_check.py --brief)"; \
+	if [ -n "$$note" ]; then echo "$$note"; \
+	else $(MAKE) --no-print-directory $(LAB_STAMP) && $(BIN)/python tools/page_check.py _build/html; fi
+
 serve: $(STAMP)
 	@if [ ! -f _build/html/index.html ]; then $(MAKE) --no-print-directory book; fi
 	@echo "serving http://127.0.0.1:$(PORT)/ (Ctrl-C to stop)"
@@ -139,11 +150,12 @@ test-browser: $(TEST_STAMP)
 # Runs every stage even when one fails, then prints each stage's result and wall-clock time.
 test: $(TEST_STAMP)
 	@failed=0; report=""; \
-	for stage in test-unit test-nbval test-nbval-other test-browser book check-links; do \
+	for stage in test-unit test-nbval test-nbval-other test-browser book check-links check-pages; do \
 	  echo; echo "=== make $$stage"; \
 	  start=$$(date +%s); note=""; \
 	  if [ $$stage = test-nbval-other ]; then note="$$($(BIN)/python tools/other_arithmetic.py --brief)" || note="see the error above"; fi; \
 	  if [ $$stage = test-browser ]; then note="$$($(BIN)/python tools/browser_check.py --brief)" || note="see the error above"; fi; \
+	  if [ $$stage = check-pages ]; then note="$$($(BIN)/python tools/page_check.py --brief)" || note="see the error above"; fi; \
 	  case "$$note" in \
 	    skipped:*) echo "$$note"; status=skipped ;; \
 	    *) if $(MAKE) --no-print-directory $$stage; then status=ok; else status=FAILED; failed=1; fi ;; \
