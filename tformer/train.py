@@ -37,6 +37,10 @@ def train(model, optimizer, batch, forward_loss, steps, *, start_step=0, accum_s
 
     - ``accum_steps = k``: the gradient of one update is the mean over ``k`` micro-batches
       ``batch((step − 1)·k + i)``, which equals one batch ``k`` times larger when the loss is a mean.
+    - ``batch(i)`` may also return a list of micro-batches, each a dict with a ``"weight"`` w_j:
+      they run forward and backward in turn, the loss is Σ_j w_j·L_j and each backward starts
+      from w_j·dout_j (``tformer.data.batching.SortedTask``: one batch cut by length, w_j its
+      share of the counted tokens, so the gradient is the whole batch's).
     - ``clip_norm``: gradients are scaled so that their global norm is at most this; the norm
       before clipping is logged as ``grad_norm`` either way.
     - ``lr_schedule(step) -> lr`` sets ``optimizer.lr`` before each update.
@@ -81,20 +85,24 @@ def train(model, optimizer, batch, forward_loss, steps, *, start_step=0, accum_s
         model.zero_grad()
         loss, cause = 0.0, None
         for i in range(accum_steps):
-            try:
-                l, dout = forward_loss(model, batch((step - 1) * accum_steps + i))
-            except FloatingPointError as e:        # a loss kernel refusing inf/NaN input
-                l, cause = float("nan"), e
-            loss += l / accum_steps
-            if not math.isfinite(loss):
-                if data_parallel is None:
-                    break
-                continue                           # the other ranks wait for this one's gradient
-            dout = dout / accum_steps if accum_steps > 1 else dout
-            if precision is not None:
-                precision.backward(model, dout)          # from S · dout, in the low precision
-            else:
-                model.backward(dout)
+            for w, b in micro_batches(batch((step - 1) * accum_steps + i)):
+                try:
+                    l, dout = forward_loss(model, b)
+                except FloatingPointError as e:    # a loss kernel refusing inf/NaN input
+                    l, cause = float("nan"), e
+                loss += w * l / accum_steps
+                if not math.isfinite(loss):
+                    if data_parallel is None:
+                        break
+                    continue                       # the other ranks wait for this one's gradient
+                dout = dout / accum_steps if accum_steps > 1 else dout
+                dout = dout * w if w != 1.0 else dout
+                if precision is not None:
+                    precision.backward(model, dout)      # from S · dout, in the low precision
+                else:
+                    model.backward(dout)
+            if not math.isfinite(loss) and data_parallel is None:
+                break
         if data_parallel is not None:              # g ← (1/p) Σ_r g_r, and the mean loss
             loss = data_parallel.reduce_gradients(model, loss)
         if not math.isfinite(loss):
@@ -138,6 +146,11 @@ def train(model, optimizer, batch, forward_loss, steps, *, start_step=0, accum_s
         if hasattr(bar, "set_postfix") and not bar.disable:
             bar.set_postfix(loss=f"{loss:.4g}", gnorm=f"{norm:.3g}", refresh=False)
     return hist
+
+
+def micro_batches(b):
+    """``[(w_j, batch_j)]``: a list of micro-batch dicts with their ``"weight"``, or ``[(1, b)]``."""
+    return [(float(m["weight"]), m) for m in b] if isinstance(b, list) else [(1.0, b)]
 
 
 def clip_ratio(norm, clip_norm):

@@ -8,10 +8,19 @@ A fixed batch of B rows is padded to the longest row the task can have; a bucket
 of nearly one length, padded only to its own longest, and holds more of them when they are short,
 so that every batch costs about the same ``N_tok = max_tokens`` positions. Everything is a pure
 function of ``(seed, step)``: a resumed run sees the same batches.
+
+Sorting inside a step instead (``split_by_length``, ``SortedTask``) keeps the fixed batch::
+
+    step batch (B rows) -> sort by length, cut into micro-batches j with B_j · T_j ≤ N_tok
+    L = Σ_j w_j · L_j,   w_j = N_j / N          (N_j counted targets of micro-batch j, N = Σ_j N_j)
+
+so the step's loss and gradient are those of the whole padded batch (``train`` runs the
+micro-batches in turn and starts each backward from w_j · ∂L_j/∂z), with less padding.
 """
 import numpy as np
 
 from .._validate import int_array
+from .sequences import PAD
 
 
 def check_budget(max_tokens, longest=None):
@@ -24,6 +33,15 @@ def check_budget(max_tokens, longest=None):
         raise ValueError(f"max_tokens: a budget of {max_tokens} tokens is smaller than one sequence "
                          f"of {longest} tokens; expected at least {longest}")
     return int(max_tokens)
+
+
+def default_budget(batching, batch_size, seq_len):
+    """The token budget ``--max-tokens`` defaults to: a fixed batch's ``B·T`` positions for
+    ``bucketed`` (a step costs about what a fixed step costs); an eighth of it, at least one
+    row, for ``sorted`` (the micro-batches of one fixed batch)."""
+    if batching == "sorted":
+        return max(seq_len, batch_size * seq_len // 8)
+    return batch_size * seq_len
 
 
 def bucket(row_lengths, max_tokens, rng=None):
@@ -149,16 +167,69 @@ class BucketedTask:
         return {"inputs": b["inputs"][:, :T], "targets": b["targets"][:, :T], "lengths": n}
 
 
+def row_lengths(targets, pad):
+    """``T_i`` = 1 + the last position of row i whose target counts (not ``pad``; 1 if none):
+    ``targets: (B, T)`` -> ``(B,)``. Under a causal mask with right padding, the positions after
+    it neither count in the loss nor reach the positions before it, so the row can stop there."""
+    counted = np.asarray(targets) != pad                                     # (B, T)
+    last = counted.shape[1] - 1 - np.argmax(counted[:, ::-1], axis=1)
+    return np.where(counted.any(axis=1), last + 1, 1)
+
+
+def split_by_length(batch, max_tokens, pad=0):
+    """One step's ``batch`` cut into micro-batches: its rows sorted by length (``row_lengths``),
+    cut by ``bucket`` so that ``B_j · T_j ≤ max_tokens``, each trimmed to its own longest row T_j.
+
+    ``batch``: dict of ``inputs``, ``targets`` ``(B, T)`` and any other per-row ``(B, ...)``
+    arrays -> a list of such dicts (shortest rows first), each with ``weight`` w_j = N_j / N, its
+    share of the batch's counted targets: Σ_j w_j · L_j is the whole batch's mean loss L.
+    """
+    x, y = batch["inputs"], batch["targets"]
+    if x.ndim != 2 or y.shape != x.shape:
+        raise ValueError(f"batch: expected inputs and targets of one shape (B, T), got "
+                         f"{x.shape} and {y.shape}")
+    T = row_lengths(y, pad)
+    n_total = int((y != pad).sum())
+    out = []
+    for idx in bucket(T, max_tokens):                          # no shuffle: shortest first
+        t = int(T[idx].max())
+        mb = {k: v[idx] for k, v in batch.items()
+              if isinstance(v, np.ndarray) and v.ndim and v.shape[0] == x.shape[0]}
+        mb["inputs"], mb["targets"] = x[idx, :t], y[idx, :t]
+        mb["weight"] = int((mb["targets"] != pad).sum()) / n_total if n_total else 0.0
+        out.append(mb)
+    return out
+
+
+class SortedTask:
+    """The fixed batches of a ``SequenceTask``, each sorted by length and cut into micro-batches
+    of at most ``max_tokens`` padded positions (``split_by_length``): ``batch(step)`` is the list
+    of micro-batches of ``task.batch(step, batch_size)``, a pure function of (seed, step)."""
+
+    def __init__(self, task, batch_size, max_tokens):
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
+                or batch_size < 1:
+            raise ValueError(f"batch_size: expected a positive integer, got {batch_size!r}")
+        self.task, self.batch_size = task, int(batch_size)
+        self.max_tokens = check_budget(max_tokens, task.seq_len)
+
+    def batch(self, step):
+        """List of micro-batch dicts (``inputs``, ``targets``, ``lengths``, ``weight``)."""
+        return split_by_length(self.task.batch(step, self.batch_size), self.max_tokens, PAD)
+
+
 def counting(source, count, pad):
     """``step -> batch`` like ``source``, adding to ``count`` as it goes: ``real`` tokens (not
     ``pad``), padded ``positions`` (B·T), ``rows`` (B) and ``batches``, for padding shares and
-    tokens per second of a run. ``count`` is a dict that holds those four keys."""
+    tokens per second of a run. ``count`` is a dict that holds those four keys. A batch that is a
+    list of micro-batches (``SortedTask``) counts each micro-batch as a batch."""
     def batch(i):
         b = source(i)
-        x = b["inputs"]                                                      # (B, T)
-        count["real"] += int((x != pad).sum())
-        count["positions"] += x.size
-        count["rows"] += x.shape[0]
-        count["batches"] += 1
+        for m in (b if isinstance(b, list) else [b]):
+            x = m["inputs"]                                                  # (B, T)
+            count["real"] += int((x != pad).sum())
+            count["positions"] += x.size
+            count["rows"] += x.shape[0]
+            count["batches"] += 1
         return b
     return batch

@@ -12,7 +12,8 @@
   step with checkpointing (k = 1) in turn, ``--reps`` times each after one warm-up step, timed by
   the wall clock and by the process's CPU time (which a busy machine inflates much less: the
   process runs one thread, so its CPU time is the work it did, not the time it waited).
-- ``batching``: ``run transformer`` with fixed against bucketed batches (``memory_batching``).
+- ``batching``: ``run transformer`` with fixed, pool-bucketed and step-sorted batches, run side
+  by side (``memory_batching``).
 - ``grad_norms``: seed 002's model with and without warm-up and clipping (``memory_batching``).
 
 ``--parts`` chooses what to run; the parts not run are kept from an existing ``--out`` file. Each
@@ -47,8 +48,13 @@ def add_arguments(p):
     p.add_argument("--batching-lengths", type=int, nargs=2, default=[1, 32], metavar=("MIN", "MAX"),
                    help="sequence lengths of the batching comparison (entry 'batching' for 1 32, "
                         "else 'batching_MIN_MAX')")
-    p.add_argument("--modes", nargs="+", choices=["fixed", "bucketed"], default=["fixed", "bucketed"],
+    p.add_argument("--modes", nargs="+", choices=["fixed", "bucketed", "sorted"],
+                   default=["fixed", "bucketed", "sorted"],
                    help="which kinds of batches the batching comparison trains with")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2],
+                   help="batching comparison: one run of each mode per seed (model, dropout, data)")
+    p.add_argument("--chunk", type=int, default=25,
+                   help="batching comparison: the runs advance in turn by this many steps")
     p.add_argument("--pool-size", type=int, default=1024,
                    help="bucketed batches: sequences sorted by length together")
     p.add_argument("--grad-norm-steps", type=int, default=300,
@@ -187,6 +193,8 @@ def memory_part(args):
 def main(args):
     if args.reps < 1:
         raise SystemExit(f"--reps: expected at least 1, got {args.reps}")
+    if args.chunk < 1:
+        raise SystemExit(f"--chunk: expected at least 1, got {args.chunk}")
     result = {}
     if os.path.exists(args.out):
         with open(args.out) as f:
