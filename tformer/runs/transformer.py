@@ -9,8 +9,10 @@ exact-match accuracy of greedy decoding and of beam search on held-out sequences
 
 ``--batching bucketed`` draws length-bucketed batches under a budget of ``--max-tokens`` padded
 positions (``tformer.data.batching``, chapter 21) instead of fixed batches of ``--batch-size``
-rows padded to the longest possible row; the run then reports the share of padded positions and
-the tokens per second of training for either kind. ``--gradient-checkpointing`` recomputes each
+rows padded to the longest possible row; ``--batching sorted`` keeps each step's fixed batch but
+sorts it by length and splits it into micro-batches under ``--max-tokens`` (the same gradient,
+less padding); the run then reports the share of padded positions and the tokens per second of
+training for any kind. ``--gradient-checkpointing`` recomputes each
 block's forward pass in the backward pass (``tformer.recompute``).
 """
 import os
@@ -19,7 +21,7 @@ import time
 import numpy as np
 
 from ..checkpoint import load_checkpoint
-from ..data.batching import BucketedTask, counting
+from ..data.batching import BucketedTask, SortedTask, counting, default_budget
 from ..data.sequences import EOS, PAD, SequenceTask
 from ..models.transformer import Transformer
 from ..optim import Adam, cosine_with_warmup, noam_lr
@@ -61,12 +63,15 @@ def add_arguments(p):
     g.add_argument("--batch-size", type=positive_int, default=64, help="sequences per micro-batch")
     g.add_argument("--accum", type=positive_int, default=1,
                    help="micro-batches accumulated per step")
-    g.add_argument("--batching", choices=("fixed", "bucketed"), default="fixed",
+    g.add_argument("--batching", choices=("fixed", "bucketed", "sorted"), default="fixed",
                    help="fixed: --batch-size rows padded to 2·max_len+2; bucketed: rows of similar "
-                        "length, as many as fit in --max-tokens padded positions")
+                        "length from a sorted pool, as many as fit in --max-tokens padded "
+                        "positions; sorted: each step's fixed batch, sorted by length and split "
+                        "into micro-batches of at most --max-tokens padded positions")
     g.add_argument("--max-tokens", type=positive_int, default=None,
-                   help="bucketed: token budget B×T_max of a batch (default: --batch-size × "
-                        "(2·max_len+2), the size of a fixed batch)")
+                   help="bucketed, sorted: token budget B×T_max of a (micro-)batch (default: "
+                        "bucketed --batch-size × (2·max_len+2), the size of a fixed batch; "
+                        "sorted an eighth of that)")
     g.add_argument("--pool-size", type=positive_int, default=1024,
                    help="bucketed: sequences sorted by length together")
     g.add_argument("--lr", type=nonnegative_float, default=2e-3,
@@ -107,7 +112,8 @@ def check_args(args):
         raise ValueError(f"--min-len: expected at most --max-len = {args.max_len}, got {args.min_len}")
     heads_divide(args.d_model, args.n_heads, even=True)
     row = 2 * args.max_len + 2                     # SequenceTask.seq_len: the longest model input
-    if args.batching == "bucketed" and args.max_tokens is not None and args.max_tokens < row:
+    if args.batching in ("bucketed", "sorted") and args.max_tokens is not None \
+            and args.max_tokens < row:
         raise ValueError(f"--max-tokens: expected at least one row of 2·--max-len + 2 = {row} "
                          f"positions, got {args.max_tokens}")
 
@@ -132,9 +138,12 @@ def main(args):
         args.warmup = max(1, args.steps // 10)
         print(f"--warmup must be below --steps; using {args.warmup}")
     task = SequenceTask(args.task, args.n_symbols, args.min_len, args.max_len, seed=args.seed)
+    max_tokens = (default_budget(args.batching, args.batch_size, task.seq_len)
+                  if args.max_tokens is None else args.max_tokens)
     if args.batching == "bucketed":
-        max_tokens = args.batch_size * task.seq_len if args.max_tokens is None else args.max_tokens
         source = BucketedTask(task, max_tokens, args.pool_size, seed=args.seed).batch
+    elif args.batching == "sorted":
+        source = SortedTask(task, args.batch_size, max_tokens).batch
     else:
         source = lambda i: task.batch(i, args.batch_size)                    # noqa: E731
     model = Transformer(vocab_size=task.vocab_size, d_model=args.d_model, n_heads=args.n_heads,
@@ -157,6 +166,9 @@ def main(args):
     if args.batching == "bucketed":
         print(f"bucketed batches: at most {max_tokens} padded positions each, pools of "
               f"{args.pool_size} sequences")
+    elif args.batching == "sorted":
+        print(f"sorted batches: each step's {args.batch_size} rows sorted by length, in "
+              f"micro-batches of at most {max_tokens} padded positions")
     heldout = task.heldout(args.eval_size)
     probe = task.heldout(min(200, args.eval_size), seed=args.seed + 1)      # held out, another draw
     n_probe = sum(len(y) for _, y in probe.values())
@@ -181,8 +193,10 @@ def main(args):
               f"overflow, final loss scale {precision.loss_scale:g}")
     if count["positions"]:
         seconds = (hist["time"][-1] if hist["time"] else 0.0) - count["eval_s"]
+        per_step = (f" ({count['batches'] / max(1, (args.steps - start) * args.accum):.1f} "
+                    f"micro-batches per step)" if args.batching == "sorted" else "")
         print(f"{args.batching} batches: {count['rows'] / count['batches']:.1f} rows per "
-              f"batch on average, {100 * (1 - count['real'] / count['positions']):.1f}% of the "
+              f"batch on average{per_step}, {100 * (1 - count['real'] / count['positions']):.1f}% of the "
               f"positions padding; {count['real'] / seconds:,.0f} real tokens/s "
               f"({count['positions'] / seconds:,.0f} positions/s) in {seconds:.1f} s of training")
     for step, m in hist["eval"][:-1]:
