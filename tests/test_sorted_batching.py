@@ -239,3 +239,13 @@ def test_verdict_same_accuracy_rule():
     assert not s["bucketed"]["same_accuracy"]
     wide = verdict(runs[:2] + [run("sorted", 0, 0.30, 0.14), run("sorted", 1, 0.45, 0.14)])
     assert wide["sorted"]["tolerance"] == pytest.approx(0.15) and wide["sorted"]["same_accuracy"]
+
+
+def test_dropout_stream_changes_only_the_dropout_masks():
+    task = SequenceTask("reverse", 10, 1, 6, seed=0)
+    a = Run(task, "fixed", 0, 4, batch_size=8, warmup=1)
+    b = Run(task, "fixed", 0, 4, batch_size=8, warmup=1, dropout_stream=1)
+    for (n, p, _), (_, q, _) in zip(a.model.named_parameters(), b.model.named_parameters()):
+        assert np.array_equal(p, q), n                               # the same initial weights
+    a.advance(2), b.advance(2)
+    assert a.hist["loss"][0] != b.hist["loss"][0]                   # other masks

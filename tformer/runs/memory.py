@@ -53,6 +53,10 @@ def add_arguments(p):
                    help="which kinds of batches the batching comparison trains with")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2],
                    help="batching comparison: one run of each mode per seed (model, dropout, data)")
+    p.add_argument("--dropout-stream", type=int, default=0,
+                   help="batching comparison: N > 0 re-seeds the dropout masks after the weights "
+                        "are drawn (a control: the same run but for dropout; entry "
+                        "'batching_dropoutN')")
     p.add_argument("--chunk", type=int, default=25,
                    help="batching comparison: the runs advance in turn by this many steps")
     p.add_argument("--pool-size", type=int, default=1024,

@@ -85,10 +85,13 @@ class Run:
     KEYS = ("step", "loss", "grad_norm", "clip_ratio", "lr")
 
     def __init__(self, task, mode, seed, steps, batch_size=64, lr=2e-3, warmup=150, clip=1.0,
-                 max_tokens=None, pool_size=1024):
+                 max_tokens=None, pool_size=1024, dropout_stream=0):
         self.task, self.mode, self.seed, self.steps, self.clip = task, mode, seed, steps, clip
         self.model = Transformer(vocab_size=task.vocab_size, max_len=task.seq_len, seed=seed,
                                  **MODEL)
+        if dropout_stream:         # the same initial weights, other dropout masks (a control)
+            self.model.rng.bit_generator.state = \
+                np.random.default_rng([seed, dropout_stream]).bit_generator.state
         self.opt = Adam(self.model, lr=lr, betas=(0.9, 0.98), eps=1e-9)
         source, self.budget = make_source(task, mode, batch_size, max_tokens, pool_size, seed)
         self.count = {"real": 0, "positions": 0, "rows": 0, "batches": 0}
@@ -170,7 +173,7 @@ def batching_part(args):
     lo, hi = args.batching_lengths
     heldout = SequenceTask("reverse", 10, lo, hi, seed=0).heldout(100 if args.quick else 1000)
     runs = [Run(SequenceTask("reverse", 10, lo, hi, seed=seed), mode, seed, steps,
-                pool_size=args.pool_size)
+                pool_size=args.pool_size, dropout_stream=args.dropout_stream)
             for seed in args.seeds for mode in args.modes]
     evals = {steps} | set(range(max(1, steps // 3), steps, max(1, steps // 3)))
     load, t0 = [os.getloadavg()[0]], time.perf_counter()
@@ -204,6 +207,7 @@ def batching_part(args):
                            modes=list(args.modes), seeds=list(args.seeds), chunk=chunk,
                            max_tokens={r.mode: r.budget for r in runs},
                            heldout=sum(len(y) for _, y in heldout.values()),
+                           dropout_stream=args.dropout_stream,
                            same_accuracy="|mean - fixed mean| <= max(%g, larger seed spread)"
                                          % SAME_ACCURACY),
             "load_during": load, "summary": summary, "runs": results}
@@ -211,9 +215,10 @@ def batching_part(args):
 
 def batching_key(args):
     """The JSON entry of a batching comparison: ``batching`` for lengths 1 … 32, else
-    ``batching_<min>_<max>``."""
+    ``batching_<min>_<max>``; ``_dropout<N>`` added for ``--dropout-stream N``."""
     lo, hi = args.batching_lengths
-    return "batching" if (lo, hi) == (1, 32) else f"batching_{lo}_{hi}"
+    key = "batching" if (lo, hi) == (1, 32) else f"batching_{lo}_{hi}"
+    return key + (f"_dropout{args.dropout_stream}" if args.dropout_stream else "")
 
 
 def grad_norms_part(args):
