@@ -200,9 +200,6 @@ def main(args):
     if args.chunk < 1:
         raise SystemExit(f"--chunk: expected at least 1, got {args.chunk}")
     result = {}
-    if os.path.exists(args.out):
-        with open(args.out) as f:
-            result = json.load(f)
     argv = sys.argv[1:] if sys.argv and sys.argv[0].endswith("__main__.py") else ["memory"]
     if "memory" in args.parts:
         result["memory"] = dict(context(argv), **memory_part(args))
@@ -214,6 +211,9 @@ def main(args):
             result[batching_key(args)] = dict(context(argv), **batching_part(args))
         if "grad_norms" in args.parts:
             result["grad_norms"] = dict(context(argv), **grad_norms_part(args))
+    if os.path.exists(args.out):             # read at the end: runs of other parts may have
+        with open(args.out) as f:            # written it meanwhile; their entries are kept
+            result = dict(json.load(f), **result)
     write_json(args.out, result)
     print(f"wrote {args.out}")
     return 0
