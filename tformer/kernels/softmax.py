@@ -21,6 +21,9 @@ def softmax_forward(x, axis=-1):
     return s, (s, axis)
 
 
+_NAN_OR_INF = "x: contains NaN or +inf; softmax of such a row is undefined"
+
+
 def _softmax_inplace(x):
     """softmax_forward along the last axis, written over ``x`` itself, returned.
 
@@ -37,15 +40,20 @@ def _softmax_inplace(x):
     if is_low(x.dtype):
         np.copyto(x, _softmax_inplace(x.astype(np.float32)), casting="same_kind")
         return x
-    m = x.max(axis=-1, keepdims=True)
+    # The row maximum by fmax, which skips NaN: it equals max on every row without NaN, and on
+    # short rows NumPy's fmax reduction runs about twice as fast as its max (rows of 64: the
+    # attention scores). A row holding NaN is caught below instead, by its NaN sum.
+    m = np.fmax.reduce(x, axis=-1, keepdims=True)
     if np.isnan(m).any() or np.isposinf(m).any():
-        raise ValueError("x: contains NaN or +inf; softmax of such a row is undefined")
+        raise ValueError(_NAN_OR_INF)
     all_masked = np.isneginf(m)
     if all_masked.any():
         m = np.where(all_masked, 0, m)
     x -= m
     np.exp(x, out=x)
     total = np.matmul(x, np.ones(x.shape[-1], x.dtype))[..., None]   # (..., 1)
+    if np.isnan(total).any():                          # a NaN that fmax skipped: e^{NaN − m}
+        raise ValueError(_NAN_OR_INF)
     if all_masked.any():
         total[all_masked] = 1                          # an all-zero row stays all zeros
     x /= total
