@@ -337,8 +337,8 @@ def test_nan_is_never_passed_on_silently():
 @pytest.mark.parametrize("row", [[np.nan, 1.0, 2.0], [np.nan, -np.inf, -np.inf],
                                  [np.nan, np.nan, np.nan], [np.nan, np.inf, 0.0]])
 def test_softmax_refuses_nan_in_any_row_with_the_row_maximum_by_fmax(row):
-    # fmax skips NaN: a NaN beside finite, masked (−inf) or +inf entries, or a row of NaN only,
-    # must still raise, in float64, float32 and through the float32 path of float16
+    # fmax skips NaN: a NaN beside finite, masked (−inf) or +inf entries, or a row of NaN
+    # only, must still raise, in float64, float32 and through the float32 path of float16
     for dtype in (np.float64, np.float32, np.float16):
         x = np.zeros((3, 3), dtype)
         x[1] = row
