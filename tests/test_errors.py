@@ -48,6 +48,15 @@ def test_decoding_refuses_an_empty_prompt(model, fn, shape, what):
         fn(model, np.zeros(shape, np.int64), 3)
 
 
+@pytest.mark.parametrize("fn", [generate.greedy,
+                                lambda m, p, n: generate.sample(m, p, n, temperature=0.7)])
+@pytest.mark.parametrize("bad", [-1, 256])
+def test_decoding_names_the_prompt_for_ids_outside_the_vocabulary(model, fn, bad):
+    prompt = np.array([[1, 2, bad]])
+    with pytest.raises(ValueError, match=r"^prompt: .*256"):
+        fn(model, prompt, 2)
+
+
 def test_greedy_crops_a_prompt_longer_than_max_len_on_the_left(model):
     rng = np.random.default_rng(1)
     long = rng.integers(0, 256, size=(2, 13))

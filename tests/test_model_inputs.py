@@ -351,6 +351,13 @@ def test_exhaustive_search_wants_one_prompt():
     ("run encoder --heads 3", r"--heads: must divide --d-model = 64, got 3"),
     ("run encoder --seq-len 0", r"argument --seq-len: expected an integer ≥ 1, got '0'"),
     ("run encoder --epochs -5", r"argument --epochs: expected an integer ≥ 1, got '-5'"),
+    ("run tinygpt --steps 0", r"argument --steps: expected an integer ≥ 1, got '0'"),
+    ("run tinygpt --lr -1", r"argument --lr: expected a finite number ≥ 0, got '-1'"),
+    ("run tinygpt --batch-size x", r"argument --batch-size: expected an integer ≥ 1, got 'x'"),
+    ("run tinygpt --d-model 30 --n-heads 4", r"--n-heads: must divide --d-model = 30, got 4"),
+    ("run tinygpt --n-kv-heads 3", r"--n-kv-heads: must divide --n-heads = 4, got 3"),
+    ("run tinygpt --val-fraction 0", r"--val-fraction: expected a share in \(0, 1\), got 0.0"),
+    ("run tinygpt --init-scale 0", r"argument --init-scale: expected a finite number > 0"),
 ])
 def test_run_commands_refuse_a_bad_flag_by_name(argv, message, capsys):
     with pytest.raises(SystemExit) as e:

@@ -14,7 +14,7 @@ tokens without the cache.
 """
 import numpy as np
 
-from ._validate import int_array
+from ._validate import index_range, int_array
 
 
 def top_k_filter(logits, k):
@@ -101,6 +101,9 @@ def _decode(model, prompt, max_new_tokens, pick, stop_token=None, use_cache=True
         raise ValueError(f"prompt: expected at least one row (B ≥ 1), got shape {prompt.shape}")
     if prompt.shape[1] < 1:
         raise ValueError(f"prompt: expected at least one token per row, got shape {prompt.shape}")
+    vocab_size = getattr(model, "config", {}).get("vocab_size")
+    if vocab_size is not None:                    # named here, not as the model's ``tokens``
+        index_range("prompt", prompt, 0, vocab_size)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) \
             or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens: expected an integer ≥ 0, got {max_new_tokens!r}")

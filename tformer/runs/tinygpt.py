@@ -28,6 +28,8 @@ from ..models.tinygpt import TinyGPT
 from ..optim import AdamW, cosine_with_warmup
 from ..precision import PRECISIONS, precision_policy
 from ..train import train
+from .flags import (heads_divide, nonnegative_float, nonnegative_int, positive_float,
+                    positive_int, probability)
 
 DEFAULT_CHECKPOINT = "checkpoints/tinygpt.npz"
 DEFAULT_PROMPT = "def "
@@ -38,16 +40,16 @@ def add_arguments(p):
     g = p.add_argument_group("data")
     g.add_argument("--text", metavar="FILE", default=None,
                    help="train on this file (bytes) instead of the standard-library corpus")
-    g.add_argument("--val-fraction", type=float, default=0.1, help="share of each document held out")
-    g.add_argument("--eval-windows", type=int, default=128,
+    g.add_argument("--val-fraction", type=probability, default=0.1, help="share of each document held out")
+    g.add_argument("--eval-windows", type=positive_int, default=128,
                    help="fixed windows of each split used to measure train/val loss")
     g = p.add_argument_group("model")
-    g.add_argument("--d-model", type=int, default=128, help="width C")
-    g.add_argument("--n-heads", type=int, default=4, help="attention heads (the seed's is 1)")
-    g.add_argument("--n-layers", type=int, default=3, help="pre-norm blocks")
-    g.add_argument("--max-len", type=int, default=64,
+    g.add_argument("--d-model", type=positive_int, default=128, help="width C")
+    g.add_argument("--n-heads", type=positive_int, default=4, help="attention heads (the seed's is 1)")
+    g.add_argument("--n-layers", type=positive_int, default=3, help="pre-norm blocks")
+    g.add_argument("--max-len", type=positive_int, default=64,
                    help="context length: learned positions and training window T")
-    g.add_argument("--d-ff", type=int, default=None,
+    g.add_argument("--d-ff", type=positive_int, default=None,
                    help="hidden width of the MLP (default 4C; for SwiGLU at the same parameter "
                         "budget, 2/3 of 4C: tformer.modern_layers.swiglu_hidden)")
     g = p.add_argument_group("modern block (chapter 25; each default is seed 004's)")
@@ -55,7 +57,7 @@ def add_arguments(p):
     g.add_argument("--positions", choices=["learned", "sinusoidal", "rope"], default="learned",
                    help="position information: learned table, fixed sinusoids, or rotary (RoPE)")
     g.add_argument("--mlp", choices=["gelu", "relu", "swiglu"], default="gelu", help="feed-forward network")
-    g.add_argument("--n-kv-heads", type=int, default=None,
+    g.add_argument("--n-kv-heads", type=positive_int, default=None,
                    help="key/value heads of grouped-query attention (default: --n-heads)")
     g.add_argument("--tie-embeddings", action="store_true", help="LM head weight = W_teᵀ")
     g.add_argument("--norm-position", choices=["pre", "post"], default="pre",
@@ -66,33 +68,44 @@ def add_arguments(p):
     g.add_argument("--gradient-checkpointing", action="store_true",
                    help="keep only each segment's input and recompute its forward in the backward "
                         "(chapter 21): less memory, about one more forward pass per step")
-    g.add_argument("--blocks-per-segment", type=int, default=1,
+    g.add_argument("--blocks-per-segment", type=positive_int, default=1,
                    help="with --gradient-checkpointing: blocks recomputed together (k; √L is a "
                         "good choice)")
     g = p.add_argument_group("training")
-    g.add_argument("--steps", type=int, default=500, help="optimizer steps")
-    g.add_argument("--batch-size", type=int, default=64, help="windows per step (B)")
-    g.add_argument("--lr", type=float, default=3e-3, help="peak learning rate α")
-    g.add_argument("--min-lr", type=float, default=3e-4, help="learning rate at the end of the cosine")
-    g.add_argument("--warmup", type=int, default=50, help="linear warm-up steps")
-    g.add_argument("--weight-decay", type=float, default=0.1, help="λ of the decoupled decay")
-    g.add_argument("--clip", type=float, default=1.0, help="clip the global gradient norm to this")
-    g.add_argument("--eval-every", type=int, default=100, help="evaluate every this many steps")
-    g.add_argument("--seed", type=int, default=0, help="seeds the initialisation and the batches")
+    g.add_argument("--steps", type=positive_int, default=500, help="optimizer steps")
+    g.add_argument("--batch-size", type=positive_int, default=64, help="windows per step (B)")
+    g.add_argument("--lr", type=nonnegative_float, default=3e-3, help="peak learning rate α")
+    g.add_argument("--min-lr", type=nonnegative_float, default=3e-4, help="learning rate at the end of the cosine")
+    g.add_argument("--warmup", type=nonnegative_int, default=50, help="linear warm-up steps")
+    g.add_argument("--weight-decay", type=nonnegative_float, default=0.1, help="λ of the decoupled decay")
+    g.add_argument("--clip", type=nonnegative_float, default=1.0, help="clip the global gradient norm to this")
+    g.add_argument("--eval-every", type=nonnegative_int, default=100, help="evaluate every this many steps")
+    g.add_argument("--seed", type=nonnegative_int, default=0, help="seeds the initialisation and the batches")
     g.add_argument("--checkpoint", default=DEFAULT_CHECKPOINT, help="where to save the model")
-    g.add_argument("--checkpoint-every", type=int, default=100, help="write the checkpoint every this many steps")
+    g.add_argument("--checkpoint-every", type=nonnegative_int, default=100, help="write the checkpoint every this many steps")
     g.add_argument("--resume", action="store_true", help="continue from --checkpoint if it exists")
     g.add_argument("--zero", action="store_true",
                    help="under mpiexec: shard AdamW's state across the ranks (ZeRO stage 1)")
     g.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32",
                    help="compute in float32, or in float16/bfloat16 with float32 master weights")
-    g.add_argument("--init-scale", type=float, default=2.0 ** 16,
+    g.add_argument("--init-scale", type=positive_float, default=2.0 ** 16,
                    help="fp16: initial loss scale S of the dynamic loss scaler")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g = p.add_argument_group("samples")
     g.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt of the printed samples")
-    g.add_argument("--sample-tokens", type=int, default=200, help="bytes per sample")
+    g.add_argument("--sample-tokens", type=positive_int, default=200, help="bytes per sample")
     g.add_argument("--temperatures", default="0.7,0.8,1.0", help="comma-separated temperatures")
+
+
+def check_args(args):
+    """The flags that must agree (ValueError naming them): ``--n-heads`` divides ``--d-model``,
+    ``--n-kv-heads`` divides ``--n-heads``, and ``--val-fraction`` holds something out."""
+    heads_divide(args.d_model, args.n_heads)
+    if args.n_kv_heads is not None and args.n_heads % args.n_kv_heads:
+        raise ValueError(f"--n-kv-heads: must divide --n-heads = {args.n_heads}, "
+                         f"got {args.n_kv_heads}")
+    if args.val_fraction <= 0:
+        raise ValueError(f"--val-fraction: expected a share in (0, 1), got {args.val_fraction}")
 
 
 def _data(args):
