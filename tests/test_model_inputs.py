@@ -367,3 +367,19 @@ def test_run_commands_refuse_a_bad_flag_by_name(argv, message, capsys):
     system = argv.split()[1]
     assert f"usage: python -m tformer run {system}" in err
     assert re.search(message, err), err
+
+
+@pytest.mark.parametrize("argv,message", [
+    ("memory --chunk 0", r"argument --chunk: expected an integer ≥ 1, got '0'"),
+    ("memory --seeds -1", r"argument --seeds: expected an integer ≥ 0, got '-1'"),
+    ("fewer-bits --time-rounds 0", r"argument --time-rounds: expected an integer ≥ 1, got '0'"),
+    ("generate --temperature -1", r"argument --temperature: expected a finite number ≥ 0"),
+    ("generate --max-new-tokens x", r"argument --max-new-tokens: expected an integer ≥ 0"),
+])
+def test_measurement_commands_refuse_a_bad_flag_by_name(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli(argv.split())
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"usage: python -m tformer {argv.split()[0]}" in err
+    assert re.search(message, err), err

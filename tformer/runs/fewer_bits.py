@@ -36,6 +36,7 @@ from ..quantize import quantize_model, save_quantized
 from ..train import train
 from . import tinygpt
 from .quantize_cmd import float32_weights_bytes, val_bpb
+from .flags import positive_int
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 DEFAULT_OUT = "book/data/fewer_bits.json"
@@ -44,10 +45,10 @@ DEFAULT_OUT = "book/data/fewer_bits.json"
 def add_arguments(p):
     """The command's flags."""
     p.add_argument("--out", default=DEFAULT_OUT, help="the JSON file to write")
-    p.add_argument("--steps", type=int, default=None, help="training steps (default: run tinygpt's)")
-    p.add_argument("--time-rounds", type=int, default=5, help="interleaved rounds of the step timing")
-    p.add_argument("--time-steps", type=int, default=3, help="steps per precision and round")
-    p.add_argument("--gen-tokens", type=int, default=64, help="bytes generated per timing of generation")
+    p.add_argument("--steps", type=positive_int, default=None, help="training steps (default: run tinygpt's)")
+    p.add_argument("--time-rounds", type=positive_int, default=5, help="interleaved rounds of the step timing")
+    p.add_argument("--time-steps", type=positive_int, default=3, help="steps per precision and round")
+    p.add_argument("--gen-tokens", type=positive_int, default=64, help="bytes generated per timing of generation")
 
 
 def run_args(argv=()):

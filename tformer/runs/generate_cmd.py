@@ -10,6 +10,7 @@ from ..data.text import decode, encode
 from ..generate import sample
 from ..models.tinygpt import TinyGPT
 from .tinygpt import DEFAULT_CHECKPOINT
+from .flags import nonnegative_float, nonnegative_int
 
 _MODEL_KEYS = ("d_model", "n_heads", "n_layers", "max_len", "vocab_size", "d_ff", "dropout", "dtype")
 # The modern block's keywords (chapter 25). A checkpoint saved before they existed lacks them: it is
@@ -23,8 +24,8 @@ def add_arguments(p):
     p.add_argument("--checkpoint", default=DEFAULT_CHECKPOINT,
                    help="a checkpoint saved by `python -m tformer run tinygpt`")
     p.add_argument("--prompt", default="def ", help="text to continue")
-    p.add_argument("--max-new-tokens", type=int, default=200, help="bytes to generate")
-    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy; > 1 flatter, < 1 sharper")
+    p.add_argument("--max-new-tokens", type=nonnegative_int, default=200, help="bytes to generate")
+    p.add_argument("--temperature", type=nonnegative_float, default=0.8, help="0 = greedy; > 1 flatter, < 1 sharper")
     p.add_argument("--top-k", type=int, default=None, help="sample only from the k most likely bytes")
     p.add_argument("--top-p", type=float, default=None, help="sample only from the nucleus of mass p")
     p.add_argument("--seed", type=int, default=0, help="seed of the draws: the same seed, the same text")

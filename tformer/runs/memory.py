@@ -27,6 +27,7 @@ import time
 
 from ..atomic import write_json
 from ..rss import reset_peak, status_bytes
+from .flags import nonnegative_int, positive_int
 
 DEFAULT_OUT = "book/data/fitting_in_memory.json"
 SHAPE = dict(B=8, d_model=128, n_heads=4, vocab_size=256)
@@ -40,28 +41,28 @@ def add_arguments(p):
     p.add_argument("--out", default=DEFAULT_OUT, help="the JSON file to write (parts not run are kept)")
     p.add_argument("--parts", nargs="+", choices=["memory", "overhead", "batching", "grad_norms"],
                    default=["memory", "overhead", "batching", "grad_norms"], help="what to measure")
-    p.add_argument("--reps", type=int, default=3, help="timed training steps per configuration")
+    p.add_argument("--reps", type=positive_int, default=3, help="timed training steps per configuration")
     p.add_argument("--quick", action="store_true",
                    help="a few small configurations only (a smoke test, not the book's numbers)")
-    p.add_argument("--batching-steps", type=int, default=1500,
+    p.add_argument("--batching-steps", type=positive_int, default=1500,
                    help="training steps of each run of the batching comparison")
-    p.add_argument("--batching-lengths", type=int, nargs=2, default=[1, 32], metavar=("MIN", "MAX"),
+    p.add_argument("--batching-lengths", type=positive_int, nargs=2, default=[1, 32], metavar=("MIN", "MAX"),
                    help="sequence lengths of the batching comparison (entry 'batching' for 1 32, "
                         "else 'batching_MIN_MAX')")
     p.add_argument("--modes", nargs="+", choices=["fixed", "bucketed", "sorted"],
                    default=["fixed", "bucketed", "sorted"],
                    help="which kinds of batches the batching comparison trains with")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2],
+    p.add_argument("--seeds", type=nonnegative_int, nargs="+", default=[0, 1, 2],
                    help="batching comparison: one run of each mode per seed (model, dropout, data)")
-    p.add_argument("--dropout-stream", type=int, default=0,
+    p.add_argument("--dropout-stream", type=nonnegative_int, default=0,
                    help="batching comparison: N > 0 re-seeds the dropout masks after the weights "
                         "are drawn (a control: the same run but for dropout; entry "
                         "'batching_dropoutN')")
-    p.add_argument("--chunk", type=int, default=25,
+    p.add_argument("--chunk", type=positive_int, default=25,
                    help="batching comparison: the runs advance in turn by this many steps")
-    p.add_argument("--pool-size", type=int, default=1024,
+    p.add_argument("--pool-size", type=positive_int, default=1024,
                    help="bucketed batches: sequences sorted by length together")
-    p.add_argument("--grad-norm-steps", type=int, default=300,
+    p.add_argument("--grad-norm-steps", type=positive_int, default=300,
                    help="training steps of each run of the gradient-norm comparison")
 
 
