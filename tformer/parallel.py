@@ -113,6 +113,11 @@ def run_tasks(*tasks):
     return _workers().run([(t,) for t in tasks])
 
 
+def inside_part():
+    """True on a thread that is running a part of a split job (nested splits run serially)."""
+    return getattr(_local, "inside", False)
+
+
 def scratch(slot, shape, dtype):
     """A work array for a temporary that lives only inside one kernel call (contents undefined).
 

@@ -17,6 +17,7 @@ from ..blocks import PostNormGPTBlock, PreNormBlock
 from ..layers import Embedding, Linear, Module, ModuleList
 from ..modern_layers import NORMS, TiedLinear, norm_layer
 from ..recompute import Recompute, check_checkpointing
+from ..replicas import Replicas
 
 POSITIONS = ("learned", "sinusoidal", "rope")
 MLPS = ("gelu", "relu", "swiglu")
@@ -98,6 +99,7 @@ class TinyGPT(Module):
         self._recompute = (Recompute(self.blocks, blocks_per_segment) if gradient_checkpointing
                            else None)
         self._recomputed = False           # did the last forward pass go through _recompute?
+        self._replicas = Replicas(self)    # training with threads: the batch cut across them
         # The lean one-token step (tformer.kernels.decode) is seed 004's block only.
         self._lean = (norm == "layernorm" and positions != "rope" and mlp == "gelu"
                       and n_kv_heads == n_heads and attention == "plain"
@@ -127,6 +129,18 @@ class TinyGPT(Module):
                 and self.wte.W.dtype in decode.DTYPES
                 and decode.no_split(B, cfg["d_model"], cfg["d_ff"], cfg["n_heads"])):
             return self._decode_step(tokens, kv_caches, start)     # (B, 1, V)
+        cut = None if kv_caches or not self.training else self._replicas.split(B, T)
+        if cut is not None:
+            # Training with threads: each part of the batch runs whole on one thread, the first
+            # on this model, the others on replicas (tformer.replicas).
+            out = np.empty((B, T, cfg["vocab_size"]), self.lm_head.W.dtype)   # (B, T, V)
+            return self._replicas.forward(TinyGPT._forward_whole, tokens, cut, out)
+        self._replicas.last = None
+        return self._forward_whole(tokens, kv_caches, start)
+
+    def _forward_whole(self, tokens, kv_caches=None, start=0):
+        """``forward`` on one thread, checks done: tokens (B, T) -> logits (B, T, V)."""
+        T = tokens.shape[1]
         # W_pe[start:start+T] is the same (T, C) block for every sequence: it is added by
         # broadcasting instead of being gathered B times, and its gradient is a sum over the batch.
         x = self.wte(tokens)                                            # (B, T, C), a fresh gather
@@ -166,6 +180,19 @@ class TinyGPT(Module):
 
     def backward(self, dlogits):
         """dlogits: (B, T, V) -> None (tokens have no gradient); accumulates every parameter's gradient."""
+        cut = self._replicas.last
+        if cut is not None:
+            start, T = self._positions
+            expected = (cut[-1][1], T, self.config["vocab_size"])
+            if getattr(dlogits, "shape", None) != expected:
+                raise ValueError(f"dlogits: expected shape {expected} (the last forward output's), "
+                                 f"got {getattr(dlogits, 'shape', type(dlogits).__name__)}")
+            self._replicas.backward(TinyGPT._backward_whole, dlogits)
+            return None
+        return self._backward_whole(dlogits)
+
+    def _backward_whole(self, dlogits):
+        """``backward`` on one thread."""
         dx = self.ln_f.backward(self.lm_head.backward(dlogits))        # (B, T, C)
         if self._recomputed:
             dx = self._recompute.backward(dx)                          # re-runs each segment

@@ -1,0 +1,169 @@
+"""Data parallelism across threads: a training batch cut into parts, each part's whole forward and
+backward pass run on one thread, the parts' gradients summed.
+
+    logits[b₀:b₁] = f_θ(tokens[b₀:b₁])   for each part [b₀, b₁) of the B sequences, side by side
+    ∂L/∂θ = Σ_parts ∂L/∂θ |part          (L is a sum over tokens, so its gradient is the parts' sum)
+
+It is ``torch.nn.DataParallel`` on the cores of one process, and chapter 23's data parallelism
+(``tformer.distributed``) without the messages. Each part needs its own caches and gradients, so
+each part after the first runs on a *replica*: a copy of the model's module tree whose parameter
+attributes are the model's own arrays (not copies: an optimizer step or ``load_state_dict`` is seen
+at once) and whose gradients live in a flat buffer of its own. The first part runs on the model.
+
+Why: a kernel split across threads (``tformer.parallel``) pays one hand-off per kernel, dozens per
+step, each a thread wake-up of tens of microseconds, and a row-wise kernel of a small model has
+little more work than that. Here the threads meet twice per step (after the forward pass and after
+the backward pass), and inside a part every kernel runs serially on its thread, BLAS included.
+
+What changes with the thread count: as when a product is split by rows, the last bits. A weight
+gradient Xᵀ dY becomes a sum of the parts' products, rounded differently from the one product
+(``tests/test_replicas.py`` checks the parts against the whole in float32 and float64). At a given
+thread count everything is deterministic: the parts are fixed, the sum is taken in part order.
+
+Only a forward pass that draws no random numbers is split (no active dropout): the masks would
+otherwise depend on how the batch was cut. Such a model keeps the per-kernel threads.
+"""
+import copy
+
+import numpy as np
+
+from . import parallel
+from .layers import Dropout
+from .recompute import CACHE_ATTRS
+
+# A part must carry at least this many multiply-adds (tokens × parameters) for the batch to be
+# split: below it the two hand-offs of a step cost more than they save. 2²⁴ is about 0.2 ms of
+# products on one core here, ten hand-offs' worth.
+MIN_PART_MACS = 1 << 24
+
+
+def parts(B, n):
+    """[b₀, b₁) ranges cutting ``B`` sequences into ``min(n, B)`` parts whose sizes differ by at most 1."""
+    n = max(1, min(n, B))
+    bounds = [B * i // n for i in range(n + 1)]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def draws_random_numbers(model):
+    """True when a forward pass of ``model`` in its current mode draws dropout masks."""
+    return any(isinstance(m, Dropout) and m.p > 0 and m.training for m in model._modules())
+
+
+class Replicas:
+    """The replicas of ``model`` (``model`` itself first), made on first use and kept.
+
+    ``model`` must have flat parameter and gradient buffers (``Module.flatten_parameters``).
+    ``split(B, tokens_per_seq)`` says how to cut a batch (None: not worth it); ``forward`` and
+    ``backward`` run the parts through ``forward_fn(module, tokens) -> out`` and
+    ``backward_fn(module, dout)`` side by side.
+    """
+
+    def __init__(self, model):
+        self.model = model
+        self._copies = []              # replicas 1, 2, ... (each: (module, its flat gradients))
+        self._bindings = []            # per replica: [(main module, replica module, attribute)]
+        self._flat = None              # the model's flat buffers when the copies were made
+        self.last = None               # the parts of the last split forward pass (None: not split)
+
+    def split(self, B, tokens_per_seq):
+        """The parts to cut ``B`` sequences of ``tokens_per_seq`` tokens into, or None when the
+        batch runs whole: one thread, one sequence, too little work per part, dropout masks
+        to draw, or no flat buffers."""
+        n = parallel.get_num_threads()
+        if n == 1 or B < 2 or parallel.inside_part():
+            return None
+        flat = self.model.flat_buffers()
+        if flat is None or draws_random_numbers(self.model):
+            return None
+        cut = parts(B, n)
+        smallest = min(hi - lo for lo, hi in cut)
+        if smallest * tokens_per_seq * flat[0].size < MIN_PART_MACS:
+            return None
+        return cut
+
+    def modules(self, n):
+        """``[model, replica 1, …, replica n−1]``, each replica's parameter attributes pointing at
+        the model's current arrays (what mixed precision or a reload bound them to) and its mode
+        the model's."""
+        flat = self.model.flat_buffers()
+        if self._flat is None or flat[0] is not self._flat[0] or flat[1] is not self._flat[1]:
+            self._copies, self._bindings, self._flat = [], [], flat
+        while len(self._copies) < n - 1:
+            self._copies.append(self._replicate())
+        out = [self.model]
+        for (rep, _), bindings in zip(self._copies[:n - 1], self._bindings):
+            for main_m, rep_m, attr in bindings:
+                object.__setattr__(rep_m, attr, getattr(main_m, attr))
+            if rep.training != self.model.training:
+                rep.train(self.model.training)
+            out.append(rep)
+        return out
+
+    def _replicate(self):
+        """A copy of the model's module tree (without its caches) whose parameters are the model's
+        arrays and whose gradients are a zeroed flat buffer of its own."""
+        main = self.model
+        memo = {id(self): None}        # a replica has no replicas of its own
+        for m in main._modules():      # the caches of the last forward pass are not copied
+            for attr in CACHE_ATTRS:
+                value = getattr(m, attr, None)
+                if value is not None:
+                    memo[id(value)] = None
+        saved = getattr(getattr(main, "_recompute", None), "_saved", None)
+        if saved is not None:          # nor the segment inputs of gradient checkpointing
+            memo[id(saved)] = None
+        rep = copy.deepcopy(main, memo)
+        _, G = rep.flatten_parameters()                  # the replica's own flat gradients, zeroed
+        G.fill(0)
+        bindings = []
+        for main_m, rep_m in zip(main._modules(), rep._modules()):
+            for key, p in main_m.params.items():
+                old = rep_m.params[key]
+                rep_m.params[key] = p                    # the model's array, not a copy
+                for attr, value in list(vars(rep_m).items()):
+                    if value is old:
+                        bindings.append((main_m, rep_m, attr))
+                        object.__setattr__(rep_m, attr, getattr(main_m, attr))
+        object.__setattr__(rep, "_flat", (self._flat[0], G))
+        self._bindings.append(bindings)
+        return rep, G
+
+    def forward(self, forward_fn, tokens, cut, out):
+        """Run ``forward_fn(module, tokens[b₀:b₁])`` for each part side by side, each writing its
+        result into ``out[b₀:b₁]`` on its own thread; returns ``out``."""
+        mods = self.modules(len(cut))
+
+        def run(m, lo, hi):
+            out[lo:hi] = forward_fn(m, tokens[lo:hi])
+
+        parallel.run_tasks(*((lambda m=m, lo=lo, hi=hi: run(m, lo, hi)) for m, (lo, hi) in zip(mods, cut)))
+        self.last = cut
+        return out
+
+    def backward(self, backward_fn, dout):
+        """Run ``backward_fn(module, dout[b₀:b₁])`` for each part side by side, each into its
+        module's gradients (a replica's are zeroed first), then add the replicas' gradients into
+        the model's, in part order."""
+        cut, self.last = self.last, None
+        if cut is None:
+            raise RuntimeError("backward: no split forward pass to differentiate")
+        mods = self.modules(len(cut))
+        extra = [g for _, g in self._copies[:len(cut) - 1]]
+
+        def run(i, lo, hi):
+            if i > 0:
+                extra[i - 1].fill(0)
+            backward_fn(mods[i], dout[lo:hi])
+
+        parallel.run_tasks(*((lambda i=i, lo=lo, hi=hi: run(i, lo, hi)) for i, (lo, hi) in enumerate(cut)))
+        G = self.model.flat_buffers()[1]
+
+        def add(lo, hi):
+            for g in extra:                              # Σ in part order: the same bits every run
+                G[lo:hi] += g[lo:hi]
+
+        parallel.parallel_for(add, G.size, grain=_SUM_GRAIN)
+
+
+# Elements of the gradient sum per thread: a pass over a million floats (4 MB) is worth a hand-off.
+_SUM_GRAIN = 1 << 20
