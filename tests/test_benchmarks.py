@@ -120,7 +120,7 @@ def test_profile_covers_the_step_and_restores_every_patched_function():
     rows, total = prof.profile_step(model, AdamW(model), x, y, steps=2, clock="cpu")
     names = {r[0] for r in rows}
     assert {"linear_forward", "linear_backward", "attention_forward", "attention_backward",
-            "softmax_inplace", "softmax_backward_inplace",   # inside the attention kernel
+            "softmax_shifted_inplace", "softmax_backward_inplace",   # inside attention
             "layernorm_backward", "cross_entropy", "AdamW.step"} <= names
     assert total > 0 and all(r[2] > 0 for r in rows)
     assert abs(sum(r[3] for r in rows) - 1.0) < 1e-9            # self times + untimed rest = the step

@@ -339,3 +339,18 @@ def test_kv_cache_decoding_paths_equal_the_full_causal_pass(kw):
     parts = [att.forward(x[:, :5], kv_cache=cache)]
     parts += [att.forward(x[:, t:t + 1], kv_cache=cache) for t in range(5, 9)]
     assert np.abs(np.concatenate(parts, axis=1) - full).max() < 1e-12
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2
+                    or parallel._current_cpu() is None,
+                    reason="needs per-thread CPU affinity, sched_getcpu and two CPUs")
+def test_workers_are_kept_off_the_callers_cpu(threads):
+    """Linux wakes a thread on its waker's CPU when it judges them to share data; the pool keeps
+    its workers off the caller's CPU so that the parts run side by side."""
+    threads(2)
+    parallel.parallel_for(lambda lo, hi: None, 1000)
+    pool = parallel._workers()
+    cpu = pool._steered_from
+    assert cpu in os.sched_getaffinity(0)
+    for t in pool.threads:
+        assert os.sched_getaffinity(t.native_id) == os.sched_getaffinity(0) - {cpu}

@@ -78,7 +78,8 @@ def instrument(prof):
     for name in F.__all__:
         if name.endswith(("_forward", "_backward")) or name == "cross_entropy":
             patch(F, name, name)
-    for name in ("_softmax_inplace", "_softmax_backward_inplace"):   # called inside the attention kernel
+    # called inside the attention kernel
+    for name in ("_softmax_inplace", "_softmax_shifted_inplace", "_softmax_backward_inplace"):
         patch(_katt, name, name.lstrip("_"))
     classes = [getattr(layers, c) for c in _LAYER_CLASSES]
     classes += [attention.MultiHeadAttention, blocks.PreNormBlock, tinygpt.TinyGPT]

@@ -6,7 +6,7 @@ import numpy as np
 from .. import parallel
 from .._dtypes import compute_dtype, matmul
 from .._validate import float_array, int_array, same_dtype
-from .softmax import _softmax_backward_inplace, _softmax_inplace
+from .softmax import _softmax_backward_inplace, _softmax_inplace, _softmax_shifted_inplace
 
 
 def causal_mask(T_q, T_k=None):
@@ -134,6 +134,7 @@ def attention_forward(q, k, v, mask=None, scale=None, is_causal=False, out=None)
 
 
 _TILE = 64
+_SHIFTED = (np.dtype(np.float32), np.dtype(np.float64))   # causal softmax shifted by s_ii
 
 
 def _group_size(q, k, v):
@@ -217,16 +218,29 @@ def _causal_forward(q, k, v, scale, y, G=1):
     T = q.shape[-2]
     S = np.empty((*q.shape[:-1], T), q.dtype)            # (..., T, T): P, exactly 0 above the diagonal
     tiles = _tiles(T)
-    above = {b - a: ~np.tri(b - a, dtype=bool) for a, b in tiles}   # the masked corner of a diagonal tile
+    # The masked corner of a diagonal tile as an additive mask, −inf above the diagonal and 0 on
+    # and below it: one add over the tile (half the time of a masked copy, and the same scores).
+    above = {n: np.where(np.tri(n, dtype=bool), 0, -np.inf).astype(q.dtype)
+             for n in {b - a for a, b in tiles}}
     qg, kg, vg, Sg, yg = _grouped(G, q, k, v, S, y)
+    shift = q.dtype in _SHIFTED
 
     def seqs(lo, hi):
         qs = _scaled(qg[lo:hi], scale)
         for a, b in tiles:
             St = Sg[lo:hi, ..., a:b, :b]                 # (..., b − a, b): this tile's live scores
             matmul(qs[..., a:b, :], kg[lo:hi, ..., :b, :].swapaxes(-1, -2), out=St)
-            np.copyto(St[..., a:b], -np.inf, where=above[b - a])
-            _softmax_inplace(St)                         # P of the tile, over its scores
+            with np.errstate(invalid="ignore"):          # +inf − inf: NaN, refused below
+                St[..., a:b] += above[b - a]             # query i sees keys j ≤ i
+            # P of the tile, over its scores, each row shifted by the query's own score s_ii
+            # (the diagonal of the tile: column a + r of row r), not by its maximum.
+            if not (shift and _softmax_shifted_inplace(
+                    St, np.diagonal(St, a, -2, -1)[..., None].copy())):
+                if shift:                                # an exponent overflowed: start again
+                    matmul(qs[..., a:b, :], kg[lo:hi, ..., :b, :].swapaxes(-1, -2), out=St)
+                    with np.errstate(invalid="ignore"):
+                        St[..., a:b] += above[b - a]
+                _softmax_inplace(St)                     # shifted by the row maximum
             Sg[lo:hi, ..., a:b, b:] = 0                  # keys after the tile: P = 0
             matmul(St, vg[lo:hi, ..., :b, :], out=yg[lo:hi, ..., a:b, :])
 

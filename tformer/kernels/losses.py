@@ -78,8 +78,29 @@ def cross_entropy(logits, targets, ignore_index=None):
     nll = np.empty(N)                                    # −log p_y per row, float64
     finite = np.ones(N, bool)
     ones_V = np.ones(V, z.dtype)
+    big = np.finfo(z.dtype).max
 
     def rows(lo, hi):
+        # Each row shifted by its target's own logit z_y instead of its maximum (the softmax is
+        # the same for any shift; see softmax._softmax_shifted_inplace): then Σ_j e^{z_j − z_y}
+        # holds e⁰ = 1, is ≥ 1, and −log p_y = log Σ_j e^{z_j − z_y} with nothing to subtract.
+        # No reduction over V for the maximum; where an exponent overflows (a logit more than
+        # ~88 above the target's) or the logits hold inf or NaN, the block is done again by
+        # the maximum (rows_by_max), which also reports non-finite logits.
+        zs, ps, ts = z[lo:hi], p[lo:hi], t_safe[lo:hi]
+        r = np.arange(hi - lo)
+        with np.errstate(over="ignore", invalid="ignore"):
+            np.subtract(zs, zs[r, ts][:, None], out=ps)  # z − z_y
+            np.exp(ps, out=ps)
+        total = ps @ ones_V                              # Σ e^{z − z_y} ≥ 1, one BLAS gemv
+        if not (total.min() >= 1 and total.max() <= big):    # NaN fails both
+            return rows_by_max(lo, hi)
+        nll[lo:hi] = np.log(total.astype(np.float64))    # −log p_y
+        factor = (valid[lo:hi] / (n * total.astype(np.float64))).astype(ps.dtype)   # (rows,)
+        ps[r, ts] -= total                               # e⁰ − Σ: times factor gives (p_y − 1)/N
+        ps *= factor[:, None]
+
+    def rows_by_max(lo, hi):
         zs, ps, ts = z[lo:hi], p[lo:hi], t_safe[lo:hi]
         m = zs.max(axis=1, keepdims=True)                # (rows, 1)
         finite[lo:hi] = np.isfinite(m[:, 0])
