@@ -5,6 +5,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -203,6 +204,17 @@ def test_workers_see_no_thread_setting_by_default_and_every_one_with_threads(mon
     assert all(run.worker_env(None, "tformer", "tuned")[k] == v for k, v in run.MALLOC_TUNED.items())
 
 
+def test_time_steps_times_at_least_steps_and_min_time():
+    """The step count: ``steps`` at least, more until the timed steps add up to ``min_time``."""
+    from tformer.bench.training import time_steps
+    calls = []
+    wall, cpu = time_steps(lambda: calls.append(1), 2, 3)
+    assert len(calls) == 5 and len(wall) == len(cpu) == 3
+    calls.clear()
+    wall, _ = time_steps(lambda: (calls.append(1), time.sleep(0.01)), 0, 2, min_time=0.05)
+    assert len(wall) >= 5 and sum(wall) >= 0.05 and len(calls) == len(wall)
+
+
 def test_bench_modules_import_without_torch():
     code = ("import sys; import tformer.bench.run, tformer.bench.flops, tformer.bench.op_profile, "
             "tformer.bench.training, tformer.bench.generation; print('torch' in sys.modules)")
@@ -215,7 +227,8 @@ def test_a_tiny_bench_run_writes_its_json(tmp_path):
     pytest.importorskip("torch")
     out = tmp_path / "bench.json"
     r = subprocess.run([sys.executable, "-m", "tformer", "bench", "--sizes", "small", "--rounds", "1",
-                        "--steps", "1", "--warmup", "0", "--gen-batches", "2", "--gen-new", "4",
+                        "--steps", "1", "--min-time", "0", "--warmup", "0", "--gen-batches", "2",
+                        "--gen-new", "4",
                         "--gen-reps", "1", "--threads", "1", "--out", str(out)],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -1,10 +1,12 @@
 """``python -m tformer bench`` (``make bench``): training and generation, tformer against PyTorch.
 
-    python -m tformer bench [--sizes small,medium,large] [--rounds 3] [--steps 10] [--threads N]
+    python -m tformer bench [--sizes small,medium,large] [--rounds 3] [--steps 10] [--min-time 2]
+                            [--threads N]
                             [--gen-batches 1,8] [--gen-new 256] [--out book/data/bench.json]
 
 **Training**: one TinyGPT training step (``training.py``) at each size, tformer and PyTorch, each
-in its own fresh subprocess; the median of ``--steps`` steps after ``--warmup``, the peak memory of
+in its own fresh subprocess; the median of ``--steps`` steps after ``--warmup`` (more steps
+where those take less than ``--min-time`` seconds: the small step), the peak memory of
 each side, and the ratio torch time / tformer time (above 1: tformer is faster).
 **Generation** (``generation.py``): the medium TinyGPT, greedy, ``--gen-new`` tokens after a
 ``--gen-prompt``-token prompt, at each batch of ``--gen-batches``: tformer with its KV cache,
@@ -51,6 +53,9 @@ def add_arguments(p):
     p.add_argument("--rounds", type=int, default=3, help="every measurement this many times")
     p.add_argument("--steps", type=int, default=10, help="timed training steps per side and round")
     p.add_argument("--warmup", type=int, default=2, help="untimed training steps first")
+    p.add_argument("--min-time", type=float, default=2.0,
+                   help="time more than --steps training steps until they take this many seconds "
+                        "(both sides, each round)")
     p.add_argument("--malloc", default="default", choices=("default", "tuned"),
                    help="glibc's allocator as a user gets it, or keeping freed memory ("
                         + " ".join(f"{k}={v}" for k, v in MALLOC_TUNED.items()) + ")")
@@ -74,9 +79,10 @@ def worker_main(spec):
         return training.worker_gemm(a["threads"])
     if kind == "train-tformer":
         return training.worker_tformer(a["size"], a["warmup"], a["steps"], a["threads"],
-                                       profile=a["profile"])
+                                       profile=a["profile"], min_time=a.get("min_time", 0.0))
     if kind == "train-torch":
-        return training.worker_torch(a["size"], a["warmup"], a["steps"], a["threads"])
+        return training.worker_torch(a["size"], a["warmup"], a["steps"], a["threads"],
+                                     min_time=a.get("min_time", 0.0))
     if kind == "gen-tformer":
         return generation.worker_tformer(a["B"], a["prompt"], a["new"], a["reps"], cache=a["cache"])
     if kind == "gen-torch":
@@ -133,7 +139,7 @@ def summarise_train(side, flops, peak):
 
 def measure_training(size, a, r, use_torch, peak, flops):
     """Both sides of one size in round ``r`` (their order alternates): ``{tformer, torch, ratio}``."""
-    args = dict(size=size, steps=a.steps, warmup=a.warmup)
+    args = dict(size=size, steps=a.steps, warmup=a.warmup, min_time=a.min_time)
     sides = ["tformer", "torch"] if use_torch else ["tformer"]
     row = {}
     for side in (sides if r % 2 == 0 else sides[::-1]):
@@ -238,6 +244,8 @@ def _check(a):
         batches = [int(b) for b in a.gen_batches.split(",") if b.strip()]
     except ValueError:
         raise ValueError(f"--gen-batches: expected comma-separated integers, got {a.gen_batches!r}") from None
+    if not a.min_time >= 0:
+        raise ValueError(f"--min-time: expected seconds ≥ 0, got {a.min_time}")
     for name, value, low in (("--rounds", a.rounds, 1), ("--steps", a.steps, 1), ("--warmup", a.warmup, 0),
                              ("--gen-new", a.gen_new, 1), ("--gen-prompt", a.gen_prompt, 1),
                              ("--gen-reps", a.gen_reps, 1), ("--threads", a.threads or 1, 1),
@@ -263,7 +271,8 @@ def main(a):
                    commit=commit, dirty=dirty,
                    date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                    machine=machine(), threads=a.threads or "default", malloc=a.malloc, rounds=a.rounds,
-                   steps=a.steps, warmup=a.warmup, loadavg_start=list(os.getloadavg()),
+                   steps=a.steps, min_time=a.min_time, warmup=a.warmup,
+                   loadavg_start=list(os.getloadavg()),
                    generation_config=dict(batches=batches, new=a.gen_new, prompt=a.gen_prompt,
                                           reps=a.gen_reps, vocab=VOCAB))
     gemm = run_worker("gemm", a.threads)

@@ -69,11 +69,14 @@ def torch_step_fn(tm, opt, x, y):
     return step
 
 
-def time_steps(step, warmup, steps):
+def time_steps(step, warmup, steps, min_time=0.0):
+    """Wall and CPU seconds of each timed step, after ``warmup`` untimed ones: at least ``steps``
+    steps, and more until they add up to ``min_time`` seconds (a 20 ms step is then timed often
+    enough that its median does not hang on a few of them)."""
     for _ in range(warmup):
         step()
     wall, cpu = [], []
-    for _ in range(steps):
+    while len(wall) < steps or sum(wall) < min_time:
         c0, t0 = time.process_time(), time.perf_counter()
         step()
         wall.append(time.perf_counter() - t0)
@@ -90,7 +93,7 @@ def have_torch():
         return False
 
 
-def worker_tformer(size, warmup, steps, threads, profile=True):
+def worker_tformer(size, warmup, steps, threads, profile=True, min_time=0.0):
     """Time ``steps`` steps after ``warmup``; peak memory; a per-op profile of the step."""
     import tracemalloc
 
@@ -102,7 +105,7 @@ def worker_tformer(size, warmup, steps, threads, profile=True):
     model = tinygpt(size)
     opt = AdamW(model, **OPT)
     step = tformer_step_fn(model, opt, x, y)
-    wall, cpu = time_steps(step, warmup, steps)
+    wall, cpu = time_steps(step, warmup, steps, min_time)
     peak_kb = status_kb("VmHWM")
     tracemalloc.start()                       # one more step, untimed, with allocation tracing
     before, _ = tracemalloc.get_traced_memory()
@@ -121,7 +124,7 @@ def worker_tformer(size, warmup, steps, threads, profile=True):
     return out
 
 
-def worker_torch(size, warmup, steps, threads):
+def worker_torch(size, warmup, steps, threads, min_time=0.0):
     """The PyTorch twin: equivalence asserted (the same loss before and after an AdamW step), then
     timed as ``worker_tformer``. ``threads=None`` leaves PyTorch on its default thread count."""
     import torch
@@ -151,7 +154,7 @@ def worker_torch(size, warmup, steps, threads):
         base_kb = min(base_kb, status_kb("VmRSS"))
     tm = from_tinygpt(tinygpt(size))
     step = torch_step_fn(tm, torch.optim.AdamW(tm.parameters(), **OPT), xt, yt)
-    wall, cpu = time_steps(step, warmup, steps)
+    wall, cpu = time_steps(step, warmup, steps, min_time)
     peak_kb = status_kb("VmHWM")
     return dict(times=wall, cpu_times=cpu, loss=float(step()), peak_mb=(peak_kb - base_kb) / 1024,
                 loss_check=[list(p) for p in losses], torch=torch.__version__,
