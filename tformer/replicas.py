@@ -64,6 +64,8 @@ class Replicas:
         self._bindings = []            # per replica: [(main module, replica module, attribute)]
         self._flat = None              # the model's flat buffers when the copies were made
         self.last = None               # the parts of the last split forward pass (None: not split)
+        self._mods = None              # the modules that ran them
+        self._checked = None           # the flat buffers split() has just checked
 
     def split(self, B, tokens_per_seq):
         """The parts to cut ``B`` sequences of ``tokens_per_seq`` tokens into, or None when the
@@ -79,13 +81,14 @@ class Replicas:
         smallest = min(hi - lo for lo, hi in cut)
         if smallest * tokens_per_seq * flat[0].size < MIN_PART_MACS:
             return None
+        self._checked = flat
         return cut
 
-    def modules(self, n):
+    def modules(self, n, flat=None):
         """``[model, replica 1, …, replica n−1]``, each replica's parameter attributes pointing at
         the model's current arrays (what mixed precision or a reload bound them to) and its mode
-        the model's."""
-        flat = self.model.flat_buffers()
+        the model's. ``flat``: the model's flat buffers, if just checked."""
+        flat = self.model.flat_buffers() if flat is None else flat
         if self._flat is None or flat[0] is not self._flat[0] or flat[1] is not self._flat[1]:
             self._copies, self._bindings, self._flat = [], [], flat
         while len(self._copies) < n - 1:
@@ -131,13 +134,14 @@ class Replicas:
     def forward(self, forward_fn, tokens, cut, out):
         """Run ``forward_fn(module, tokens[b₀:b₁])`` for each part side by side, each writing its
         result into ``out[b₀:b₁]`` on its own thread; returns ``out``."""
-        mods = self.modules(len(cut))
+        mods = self.modules(len(cut), self._checked)
+        self._checked = None
 
         def run(m, lo, hi):
             out[lo:hi] = forward_fn(m, tokens[lo:hi])
 
         parallel.run_tasks(*((lambda m=m, lo=lo, hi=hi: run(m, lo, hi)) for m, (lo, hi) in zip(mods, cut)))
-        self.last = cut
+        self.last, self._mods = cut, mods
         return out
 
     def backward(self, backward_fn, dout):
@@ -147,7 +151,7 @@ class Replicas:
         cut, self.last = self.last, None
         if cut is None:
             raise RuntimeError("backward: no split forward pass to differentiate")
-        mods = self.modules(len(cut))
+        mods = self._mods                                # those that ran the forward pass
         extra = [g for _, g in self._copies[:len(cut) - 1]]
 
         def run(i, lo, hi):
@@ -156,7 +160,7 @@ class Replicas:
             backward_fn(mods[i], dout[lo:hi])
 
         parallel.run_tasks(*((lambda i=i, lo=lo, hi=hi: run(i, lo, hi)) for i, (lo, hi) in enumerate(cut)))
-        G = self.model.flat_buffers()[1]
+        G = self._flat[1]
 
         def add(lo, hi):
             for g in extra:                              # Σ in part order: the same bits every run
