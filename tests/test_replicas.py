@@ -231,3 +231,20 @@ def test_cut_batch_is_deterministic_and_errors_reach_the_caller(threads):
     bad[5, 3] = 64                                          # out of the vocabulary, in part 2
     with pytest.raises(ValueError, match="tokens"):
         model.forward(bad)
+
+
+def test_linear_forward_writes_into_out():
+    """Each part's LM head writes its logits straight into its rows of the batch's array."""
+    rng = np.random.default_rng(0)
+    x, W, b = rng.standard_normal((4, 3, 5)), rng.standard_normal((5, 7)), rng.standard_normal(7)
+    want, _ = F.linear_forward(x, W, b)
+    buf = np.zeros((6, 3, 7))
+    got, cache = F.linear_forward(x, W, b, out=buf[1:5])
+    assert np.shares_memory(got, buf) and np.array_equal(buf[1:5], want)
+    assert not buf[0].any() and not buf[5].any()
+    dx, dW, db = F.linear_backward(rng.standard_normal((4, 3, 7)), cache)
+    assert dx.shape == x.shape and dW.shape == W.shape
+    for bad in (np.zeros((4, 3, 7), np.float32), np.zeros((4, 3, 6)), np.zeros((4, 7, 3)).swapaxes(1, 2),
+                [[0.0]]):
+        with pytest.raises(ValueError, match="out"):
+            F.linear_forward(x, W, b, out=bad)

@@ -198,9 +198,9 @@ class Linear(Module):
         self.b = self.add_param("b", np.zeros(d_out, dtype)) if bias else None
         self._cache = None
 
-    def forward(self, x):
-        """x: (..., d_in) -> (..., d_out)."""
-        y, self._cache = F.linear_forward(x, self.W, self.b)
+    def forward(self, x, out=None):
+        """x: (..., d_in) -> (..., d_out); ``out``: an array to write the result into."""
+        y, self._cache = F.linear_forward(x, self.W, self.b, out=out)
         return y
 
     def backward(self, dy):

@@ -106,9 +106,9 @@ class TiedLinear(Module):
         self.b = self.add_param("b", np.zeros(E.shape[0], E.dtype)) if bias else None
         self._cache = None
 
-    def forward(self, x):
-        """x: (..., C) -> (..., V)."""
-        y, self._cache = F.linear_forward(x, self.W.T, self.b)             # X Eᵀ: Eᵀ is a view
+    def forward(self, x, out=None):
+        """x: (..., C) -> (..., V); ``out``: an array to write the result into."""
+        y, self._cache = F.linear_forward(x, self.W.T, self.b, out=out)    # X Eᵀ: Eᵀ is a view
         return y
 
     def backward(self, dy):

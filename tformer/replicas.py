@@ -132,13 +132,13 @@ class Replicas:
         return rep, G
 
     def forward(self, forward_fn, tokens, cut, out):
-        """Run ``forward_fn(module, tokens[b₀:b₁])`` for each part side by side, each writing its
-        result into ``out[b₀:b₁]`` on its own thread; returns ``out``."""
+        """Run ``forward_fn(module, tokens[b₀:b₁], out[b₀:b₁])`` for each part side by side, each
+        writing its result into its rows of ``out`` on its own thread; returns ``out``."""
         mods = self.modules(len(cut), self._checked)
         self._checked = None
 
         def run(m, lo, hi):
-            out[lo:hi] = forward_fn(m, tokens[lo:hi])
+            forward_fn(m, tokens[lo:hi], out[lo:hi])
 
         parallel.run_tasks(*((lambda m=m, lo=lo, hi=hi: run(m, lo, hi)) for m, (lo, hi) in zip(mods, cut)))
         self.last, self._mods = cut, mods

@@ -12,13 +12,15 @@ from .._validate import float_array, same_dtype
 _MIN_MACS = 1 << 21
 
 
-def linear_forward(x, W, b=None):
+def linear_forward(x, W, b=None, out=None):
     """Y = X W + b.
 
     Shapes: ``x: (..., C_in)``, ``W: (C_in, C_out)``, ``b: (C_out,)`` or None  ->  ``y: (..., C_out)``.
     The leading axes are flattened into one GEMM of ``B·T`` rows (no loop over batch); with
     ``tformer.parallel`` threads, each thread computes a block of those rows and adds b to it.
     In float16/bfloat16 the products accumulate in float32 (``tformer._dtypes.matmul``).
+    ``out``: a C-contiguous array of y's shape and W's dtype to write y into (e.g. one part of a
+    larger batch's logits), instead of a new array.
     Returns ``y, cache``.
     """
     float_array("x", x, min_ndim=1)
@@ -31,7 +33,15 @@ def linear_forward(x, W, b=None):
             raise ValueError(f"b: expected shape ({W.shape[1]},), got {b.shape}")
     same_dtype(x=x, W=W, b=b)
     x2 = x.reshape(-1, W.shape[0])                      # (N, C_in), N = B·T
-    y = np.empty((x2.shape[0], W.shape[1]), W.dtype)    # (N, C_out)
+    shape = (*x.shape[:-1], W.shape[1])
+    if out is None:
+        y = np.empty((x2.shape[0], W.shape[1]), W.dtype)    # (N, C_out)
+    elif (not isinstance(out, np.ndarray) or out.shape != shape or out.dtype != W.dtype
+          or not out.flags.c_contiguous):
+        raise ValueError(f"out: expected a C-contiguous {W.dtype} array of shape {shape}, got "
+                         f"{getattr(out, 'dtype', type(out).__name__)} {getattr(out, 'shape', '')}")
+    else:
+        y = out.reshape(x2.shape[0], W.shape[1])        # a view: written through
 
     def rows(lo, hi):
         matmul(x2[lo:hi], W, out=y[lo:hi])
@@ -39,7 +49,7 @@ def linear_forward(x, W, b=None):
             y[lo:hi] += b
 
     parallel.parallel_for(rows, x2.shape[0], grain=-(-_MIN_MACS // W.size))
-    return y.reshape(*x.shape[:-1], W.shape[1]), (x, W, b is not None)
+    return y.reshape(shape), (x, W, b is not None)
 
 
 def linear_backward(dy, cache, accumulate=None):

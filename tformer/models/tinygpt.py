@@ -134,12 +134,14 @@ class TinyGPT(Module):
             # Training with threads: each part of the batch runs whole on one thread, the first
             # on this model, the others on replicas (tformer.replicas).
             out = np.empty((B, T, cfg["vocab_size"]), self.lm_head.W.dtype)   # (B, T, V)
-            return self._replicas.forward(TinyGPT._forward_whole, tokens, cut, out)
+            return self._replicas.forward(
+                lambda m, tok, o: m._forward_whole(tok, out=o), tokens, cut, out)
         self._replicas.last = None
         return self._forward_whole(tokens, kv_caches, start)
 
-    def _forward_whole(self, tokens, kv_caches=None, start=0):
-        """``forward`` on one thread, checks done: tokens (B, T) -> logits (B, T, V)."""
+    def _forward_whole(self, tokens, kv_caches=None, start=0, out=None):
+        """``forward`` on one thread, checks done: tokens (B, T) -> logits (B, T, V), written
+        into ``out`` if given."""
         T = tokens.shape[1]
         # W_pe[start:start+T] is the same (T, C) block for every sequence: it is added by
         # broadcasting instead of being gathered B times, and its gradient is a sum over the batch.
@@ -154,7 +156,8 @@ class TinyGPT(Module):
             x = self._recompute.forward(x, None)                       # keeps segment inputs only
         for i, block in enumerate(() if self._recomputed else self.blocks):
             x = block(x, None, kv_caches[i] if kv_caches else None)   # (B, T, C)
-        return self.lm_head(self.ln_f(x))                              # (B, T, V)
+        h = self.ln_f(x)                                               # (B, T, C)
+        return self.lm_head(h) if out is None else self.lm_head(h, out=out)   # (B, T, V)
 
     lean_decode = True   # False: every step through the general layers (tests compare)
 
