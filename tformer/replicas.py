@@ -54,8 +54,11 @@ class Replicas:
 
     ``model`` must have flat parameter and gradient buffers (``Module.flatten_parameters``).
     ``split(B, tokens_per_seq)`` says how to cut a batch (None: not worth it); ``forward`` and
-    ``backward`` run the parts through ``forward_fn(module, tokens) -> out`` and
-    ``backward_fn(module, dout)`` side by side.
+    ``backward`` run the parts through ``forward_fn(module, tokens, out)`` and
+    ``backward_fn(module, dout)`` side by side. A replica copies the module tree when it is made:
+    its parameters and mode follow the model's at every step, the rest of its configuration is
+    the model's at that moment. The replicas live as long as the model (a module tree without
+    activations and one flat gradient buffer each).
     """
 
     def __init__(self, model):
@@ -135,7 +138,7 @@ class Replicas:
         """Run ``forward_fn(module, tokens[b₀:b₁], out[b₀:b₁])`` for each part side by side, each
         writing its result into its rows of ``out`` on its own thread; returns ``out``."""
         mods = self.modules(len(cut), self._checked)
-        self._checked = None
+        self._checked, self.last = None, None            # nothing to differentiate if a part fails
 
         def run(m, lo, hi):
             forward_fn(m, tokens[lo:hi], out[lo:hi])
