@@ -354,3 +354,24 @@ def test_workers_are_kept_off_the_callers_cpu(threads):
     assert cpu in os.sched_getaffinity(0)
     for t in pool.threads:
         assert os.sched_getaffinity(t.native_id) == os.sched_getaffinity(0) - {cpu}
+
+
+def test_a_refused_affinity_call_stops_steering_not_the_work(threads, monkeypatch):
+    """Where the system refuses to set a thread's affinity, the parts still run, unsteered."""
+    threads(2)
+    parallel._workers()._steered_from = None
+    monkeypatch.setattr(parallel, "_current_cpu", lambda: 0)
+
+    def refuse(*args):
+        raise PermissionError("not allowed here")
+
+    monkeypatch.setattr(parallel.os, "sched_setaffinity", refuse, raising=False)
+    monkeypatch.setattr(parallel.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    hits = np.zeros(1000, int)
+
+    def fn(lo, hi):
+        hits[lo:hi] += 1
+
+    parallel.parallel_for(fn, 1000)
+    parallel.parallel_for(fn, 1000)
+    assert (hits == 2).all() and parallel._workers()._steered_from == -1

@@ -148,7 +148,8 @@ class _Workers:
                         for i in range(k)]
         for t in self.threads:
             t.start()
-        self._steered_from = None                  # the caller's CPU the workers avoid (_steer)
+        self._steered_from = None                  # the caller's CPU the workers avoid (_steer);
+                                                   # −1: the system refused, no steering
 
     def _loop(self):
         _local.inside = True                       # a worker runs parts only: it never splits again
@@ -214,15 +215,19 @@ class _Workers:
         1.5 ms instead of 0.9). So before waking them, the workers' affinity is set to the CPUs
         this process may use minus the caller's current one (one system call per worker, only
         when the caller has moved). Not on systems without per-thread affinity, or where the
-        caller's CPU cannot be read, or with a single CPU.
+        caller's CPU cannot be read, or with a single CPU; and never again in this pool once
+        the system refuses an affinity call (a container may): the work still runs, unsteered.
         """
         cpu = _current_cpu()
-        if cpu is None or cpu == self._steered_from:
+        if cpu is None or cpu == self._steered_from or self._steered_from == -1:
             return
-        others = os.sched_getaffinity(0) - {cpu}
-        if others:
-            for t in self.threads:
-                os.sched_setaffinity(t.native_id, others)
+        try:
+            others = os.sched_getaffinity(0) - {cpu}
+            if others:
+                for t in self.threads:
+                    os.sched_setaffinity(t.native_id, others)
+        except OSError:
+            cpu = -1                                   # refused: stop steering
         self._steered_from = cpu
 
     def stop(self):
