@@ -19,6 +19,7 @@ import contextlib
 import math
 import os
 import sys
+import time
 import traceback
 
 import numpy as np
@@ -137,6 +138,9 @@ def get_world():
     return _WORLD
 
 
+ABORT_GRACE_S = 0.5   # seconds between a rank's error message and MPI_Abort (run_command)
+
+
 def run_command(func, args, world=None, consistent=(RankError,)):
     """``func(args)`` as one rank of the job: rank 0 alone prints (stdout) and shows progress bars.
 
@@ -165,6 +169,10 @@ def run_command(func, args, world=None, consistent=(RankError,)):
                                      for chunk in lines for ln in chunk.splitlines(True)))
             sys.stderr.write(f"rank {world.rank} of {world.size}: aborting the job\n")
             sys.stderr.flush()
+            # MPI_Abort tears the job down at once, and the launcher may not yet have forwarded
+            # what this rank just wrote to its pipe (measured: the message was lost in 1 run of
+            # 40). A short pause, on this error path only, lets it through.
+            time.sleep(ABORT_GRACE_S)
             world.abort(1)
 
 
