@@ -74,3 +74,20 @@ def test_nan_and_inf_in_the_scores_still_raise():
         kb[0, 1, 2, 0] = bad                             # seen by queries 2 … 7 of head 1
         with pytest.raises(ValueError, match="NaN or \\+inf"):
             F.attention_forward(q, kb, v, is_causal=True)
+
+
+def test_cross_entropy_falls_back_to_the_maximum_where_the_target_shift_overflows():
+    """A logit 200 above the target's overflows e^{z − z_y} in float32: that block is done again
+    shifted by the row maximum, and loss and gradient equal float64's; inf logits still raise."""
+    rng = np.random.default_rng(3)
+    z = rng.standard_normal((4, 6, 9)).astype(np.float32)
+    t = rng.integers(0, 9, (4, 6))
+    z[1, 2, (t[1, 2] + 1) % 9] = z[1, 2, t[1, 2]] + 200.0
+    with np.errstate(over="raise", invalid="raise"):
+        loss, dz = F.cross_entropy(z, t)
+    want, dwant = F.cross_entropy(z.astype(np.float64), t)
+    assert np.isfinite(loss) and loss == pytest.approx(want, rel=1e-6)
+    np.testing.assert_allclose(dz, dwant, rtol=0, atol=1e-7)
+    z[0, 0, 0] = np.inf
+    with pytest.raises(FloatingPointError, match="inf or NaN"):
+        F.cross_entropy(z, t)

@@ -81,43 +81,38 @@ def cross_entropy(logits, targets, ignore_index=None):
     big = np.finfo(z.dtype).max
 
     def rows(lo, hi):
-        # Each row shifted by its target's own logit z_y instead of its maximum (the softmax is
-        # the same for any shift; see softmax._softmax_shifted_inplace): then Σ_j e^{z_j − z_y}
-        # holds e⁰ = 1, is ≥ 1, and −log p_y = log Σ_j e^{z_j − z_y} with nothing to subtract.
-        # No reduction over V for the maximum; where an exponent overflows (a logit more than
-        # ~88 above the target's) or the logits hold inf or NaN, the block is done again by
-        # the maximum (rows_by_max), which also reports non-finite logits.
+        # Each row is shifted by m before the exponential (the softmax is the same for any shift:
+        # see softmax._softmax_shifted_inplace). First by its target's own logit, m = z_y: then
+        # Σ_j e^{z_j − m} holds e⁰ = 1, is ≥ 1, and needs no reduction over V to find m. Where
+        # that does not fit (a logit ~88 above the target's overflows, or the logits hold inf or
+        # NaN), the block is done again by the row maximum, which also reports non-finite logits.
         zs, ps, ts = z[lo:hi], p[lo:hi], t_safe[lo:hi]
         r = np.arange(hi - lo)
-        with np.errstate(over="ignore", invalid="ignore"):
-            np.subtract(zs, zs[r, ts][:, None], out=ps)  # z − z_y
-            np.exp(ps, out=ps)
-        total = ps @ ones_V                              # Σ e^{z − z_y} ≥ 1, one BLAS gemv
-        if not (total.min() >= 1 and total.max() <= big):    # NaN fails both
-            return rows_by_max(lo, hi)
-        nll[lo:hi] = np.log(total.astype(np.float64))    # −log p_y
-        factor = (valid[lo:hi] / (n * total.astype(np.float64))).astype(ps.dtype)   # (rows,)
-        ps[r, ts] -= total                               # e⁰ − Σ: times factor gives (p_y − 1)/N
-        ps *= factor[:, None]
-
-    def rows_by_max(lo, hi):
-        zs, ps, ts = z[lo:hi], p[lo:hi], t_safe[lo:hi]
-        m = zs.max(axis=1, keepdims=True)                # (rows, 1)
-        finite[lo:hi] = np.isfinite(m[:, 0])
-        if not finite[lo:hi].all():
-            return                                       # reported below, before anything is used
-        np.subtract(zs, m, out=ps)
-        r = np.arange(hi - lo)
-        z_t = ps[r, ts].astype(np.float64)               # z_y − m
-        np.exp(ps, out=ps)
-        total = ps @ ones_V                              # Σ e^{z − m} ≥ 1, row sums as one BLAS gemv
-        nll[lo:hi] = np.log(total.astype(np.float64)) - z_t
+        z_y = zs[r, ts][:, None]                         # (rows, 1)
+        total = shifted_exp(zs, ps, z_y)
+        if total.min() >= 1 and total.max() <= big:      # NaN fails both
+            z_t = 0.0                                    # z_y − m = 0
+        else:
+            m = zs.max(axis=1, keepdims=True)            # (rows, 1)
+            finite[lo:hi] = np.isfinite(m[:, 0])
+            if not finite[lo:hi].all():
+                return                                   # reported below, before anything is used
+            total = shifted_exp(zs, ps, m)
+            z_t = (z_y - m)[:, 0].astype(np.float64)     # z_y − m ≤ 0
+        nll[lo:hi] = np.log(total.astype(np.float64)) - z_t   # −log p_y = log Σ e^{z−m} − (z_y − m)
         # (p − onehot)/N on valid rows, 0 elsewhere, with one pass over p: softmax's 1/Σ and the
         # mean's valid/N form one per-row factor (the onehot entry, 1/Σ·e^{z_y−m} − 1, is rescaled
         # the same way).
         factor = (valid[lo:hi] / (n * total.astype(np.float64))).astype(ps.dtype)   # (rows,)
         ps[r, ts] -= total                               # e^{z_y − m} − Σ: times factor gives (p_y − 1)/N
         ps *= factor[:, None]
+
+    def shifted_exp(zs, ps, m):
+        """ps = e^{zs − m} (rows, V); returns Σ over each row, one BLAS gemv."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            np.subtract(zs, m, out=ps)
+            np.exp(ps, out=ps)
+        return ps @ ones_V
 
     parallel.parallel_for(rows, N, grain=parallel.grain_for(V))
     if not finite.all():
