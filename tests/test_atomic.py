@@ -31,3 +31,43 @@ def test_binary_mode(tmp_path):
     with atomic_open(path, "wb") as f:
         f.write(b"\x00\x01")
     assert path.read_bytes() == b"\x00\x01"
+
+
+def _temporary(folder, target, host, pid):
+    path = folder / f".tmp-{target}~{host}~{pid}~abc123.npz"
+    path.write_bytes(b"half a checkpoint")
+    return path
+
+
+def _gone_pid():
+    """The id of a process that has ended."""
+    import subprocess
+    import sys
+    return int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True).stdout)
+
+
+def test_a_write_removes_its_targets_temporaries_left_by_a_killed_writer_only(tmp_path):
+    import socket
+    host = socket.gethostname()
+    dead = _temporary(tmp_path, "ck.npz", host, _gone_pid())
+    live = _temporary(tmp_path, "ck.npz", host, os.getppid())        # a writer that still runs
+    remote = _temporary(tmp_path, "ck.npz", "another-host", _gone_pid())
+    other = _temporary(tmp_path, "other.npz", host, _gone_pid())     # another target's
+    with atomic_open(tmp_path / "ck.npz", "wb") as f:
+        f.write(b"new")
+    assert not dead.exists()
+    assert live.exists() and remote.exists() and other.exists()
+    assert (tmp_path / "ck.npz").read_bytes() == b"new"
+
+
+def test_the_folder_is_synced_after_the_rename(tmp_path, monkeypatch):
+    import tformer.atomic as atomic
+    events = []
+    real_replace, real_fsync_folder = os.replace, atomic.fsync_folder
+    monkeypatch.setattr(atomic.os, "replace", lambda a, b: (events.append("replace"),
+                                                            real_replace(a, b)))
+    monkeypatch.setattr(atomic, "fsync_folder", lambda d: (events.append(("fsync", d)),
+                                                           real_fsync_folder(d)))
+    write_json(tmp_path / "r.json", {"a": 1})
+    assert events == ["replace", ("fsync", str(tmp_path))]

@@ -1,22 +1,90 @@
-"""Files written atomically: a temporary file beside the target, flushed to disk, then renamed over
-it (``os.replace``), so that a reader, or a run killed mid-write, finds the old file or the new one,
-never half of one. Checkpoints, run logs and every ``book/data/*.json`` result are written this way.
+"""Files written atomically and crash-clean: a temporary file beside the target, flushed to disk,
+renamed over it (``os.replace``), and the folder synced, so that a reader, or a run killed
+mid-write, finds the old file or the new one, never half of one, and the rename survives a power
+cut. Checkpoints, run logs and every ``book/data/*.json`` result are written this way.
+
+A process killed (SIGKILL, OOM killer, power cut) between creating its temporary and the rename
+leaves that temporary behind. Each write therefore first removes the stale temporaries of its own
+target. A temporary is named ``.tmp-<target>~<host>~<pid>~<random><suffix>``, and a stale one is
+one whose writer is gone: written on this host by a process id that no longer runs. Why this and
+not one fixed temporary name per target (which the next write would simply overwrite): two
+processes writing the same target at once (two runs pointed at one ``--checkpoint``) would then
+write into the same temporary and could rename each other's half-written file over the target;
+with a name per writer each renames only its own whole file, and the clean-up cannot touch a live
+writer's temporary, since its process still runs. A temporary from another host (a shared file
+system) is left alone: its process cannot be asked from here. A process id taken again by an
+unrelated process keeps its stale file until that process ends (kept, never a live one removed).
 """
 import contextlib
+import errno
 import json
 import os
+import socket
 import tempfile
+
+SEP = "~"                       # cannot occur in a host name; the fields are read from the right
+
+
+def _prefix(path):
+    return f".tmp-{os.path.basename(path)}{SEP}"
+
+
+def _alive(pid):
+    """Whether process ``pid`` runs on this host (a process we may not signal runs too)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stale_temporaries(path):
+    """The temporaries of ``path`` (full paths) whose writer, a process on this host, is gone."""
+    folder, prefix = os.path.dirname(os.path.abspath(path)), _prefix(path)
+    host = socket.gethostname()
+    stale = []
+    for name in os.listdir(folder) if os.path.isdir(folder) else []:
+        if not name.startswith(prefix):
+            continue
+        fields = name[len(prefix):].split(SEP)
+        if len(fields) != 3 or fields[0] != host or not fields[1].isdigit():
+            continue                                 # not this module's name, or another host's
+        if int(fields[1]) != os.getpid() and not _alive(int(fields[1])):
+            stale.append(os.path.join(folder, name))
+    return stale
+
+
+def fsync_folder(folder):
+    """Make a rename in ``folder`` durable: fsync the folder itself (where the OS allows it)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:                                  # e.g. Windows: a folder cannot be opened
+        return
+    try:
+        os.fsync(fd)
+    except OSError as e:                             # a file system without folder fsync
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager
 def atomic_open(path, mode="w", **kwargs):
     """``with atomic_open(path, "w") as f: ...``: ``f`` is a temporary file in ``path``'s folder
-    (created if missing). On a clean exit it is flushed, synced and renamed over ``path``; on an
-    error it is removed and ``path`` is left as it was."""
+    (created if missing). On a clean exit it is flushed, synced and renamed over ``path``, and the
+    folder is synced; on an error it is removed and ``path`` is left as it was. Stale temporaries
+    of ``path`` left by killed writers are removed first (see the module docstring)."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.splitext(path)[1])
+    for stale in stale_temporaries(path):
+        with contextlib.suppress(FileNotFoundError):     # another writer removed it first
+            os.remove(stale)
+    prefix = f"{_prefix(path)}{socket.gethostname()}{SEP}{os.getpid()}{SEP}"
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=prefix, suffix=os.path.splitext(path)[1])
     try:
         with os.fdopen(fd, mode, **kwargs) as f:
             yield f
@@ -27,6 +95,7 @@ def atomic_open(path, mode="w", **kwargs):
         with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
         raise
+    fsync_folder(folder)
 
 
 def write_json(path, data):
