@@ -103,3 +103,17 @@ def test_flatten_rejects_mixed_dtypes_and_empty_modules():
     ff = FeedForward(4, 8, "gelu", dtype=np.float64)
     P, _ = ff.flatten_parameters()
     assert ff.fc1.W.base is P and ff.flat_buffers() is not None
+
+
+def test_parameter_attributes_are_declared_by_assignment():
+    """``param_attributes`` names what the forward pass reads; flattening, mixed precision and the
+    replicas of the cut batch rebind exactly these, whatever array they hold at the time."""
+    lin = Linear(3, 2, seed=0)
+    assert sorted(lin.param_attributes()) == [("W", "W"), ("b", "b")]
+    model = TinyGPT(d_model=16, n_heads=2, n_layers=1, max_len=8, vocab_size=32, seed=0,
+                    tie_embeddings=True)
+    assert ("W", "W") in model.lm_head.param_attributes()        # the tied head's view of W_te
+    lin.W = np.zeros((3, 2))                                     # no longer the parameter
+    assert lin.param_attributes() == [("b", "b")]
+    lin.W = lin.params["W"]
+    assert sorted(lin.param_attributes()) == [("W", "W"), ("b", "b")]

@@ -20,12 +20,25 @@ class Module:
         object.__setattr__(self, "params", {})
         object.__setattr__(self, "grads", {})
         object.__setattr__(self, "_children", {})
+        object.__setattr__(self, "_param_attrs", {})    # attribute -> parameter key (self.W -> "W")
         object.__setattr__(self, "training", True)
 
     def __setattr__(self, name, value):
         if isinstance(value, Module):
             self._children[name] = value
+        key = next((k for k, p in self.params.items() if value is p), None)
+        if key is not None:                 # ``self.W = self.add_param("W", ...)`` names a parameter
+            self._param_attrs[name] = key
+        else:
+            self._param_attrs.pop(name, None)
         object.__setattr__(self, name, value)
+
+    def param_attributes(self):
+        """``[(attribute, key)]``: the attributes that name a parameter (``self.W`` for
+        ``params["W"]``), as declared by assignment. What the forward pass reads is the attribute,
+        so whatever computes with other arrays than ``params`` (flat views, low-precision copies,
+        a replica sharing the model's arrays) rebinds these, and only these."""
+        return list(self._param_attrs.items())
 
     def add_param(self, name, value):
         """Register ``value`` as parameter ``name`` with a zero gradient of the same shape and dtype."""
@@ -92,8 +105,8 @@ class Module:
                 view_g[...] = m.grads[key]
                 old = m.params[key]
                 m.params[key], m.grads[key] = view_p, view_g
-                for attr, value in list(vars(m).items()):
-                    if value is old:
+                for attr, k in m.param_attributes():
+                    if k == key and getattr(m, attr) is old:
                         object.__setattr__(m, attr, view_p)
             offset += p.size
         object.__setattr__(self, "_flat", (P, G))

@@ -180,11 +180,11 @@ class MixedPrecision:
         self._pairs = [(p, copies[id(p)]) for p in masters]
         self._bindings = []                         # (module, attribute, master, copy)
         for m in self.model._modules():
-            for p in m.params.values():
-                for attr, value in list(vars(m).items()):
-                    if value is p:
-                        object.__setattr__(m, attr, copies[id(p)])
-                        self._bindings.append((m, attr, p, copies[id(p)]))
+            for attr, key in m.param_attributes():
+                p = m.params[key]
+                if getattr(m, attr) is p:
+                    object.__setattr__(m, attr, copies[id(p)])
+                    self._bindings.append((m, attr, p, copies[id(p)]))
         self.refresh()
 
     def refresh(self):

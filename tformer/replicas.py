@@ -124,12 +124,12 @@ class Replicas:
         bindings = []
         for main_m, rep_m in zip(main._modules(), rep._modules()):
             for key, p in main_m.params.items():
-                old = rep_m.params[key]
                 rep_m.params[key] = p                    # the model's array, not a copy
-                for attr, value in list(vars(rep_m).items()):
-                    if value is old:
-                        bindings.append((main_m, rep_m, attr))
-                        object.__setattr__(rep_m, attr, getattr(main_m, attr))
+            # What the forward pass reads: the model's attribute as it is bound at every step (its
+            # float32 parameter, or the low-precision copy that mixed precision points it at).
+            for attr, _ in main_m.param_attributes():
+                bindings.append((main_m, rep_m, attr))
+                object.__setattr__(rep_m, attr, getattr(main_m, attr))
         object.__setattr__(rep, "_flat", (self._flat[0], G))
         self._bindings.append(bindings)
         return rep, G
