@@ -24,6 +24,7 @@ import tracemalloc
 import numpy as np
 
 from .. import functional as F
+from .. import parallel
 from .._dtypes import bfloat16, float16, matmul
 from ..atomic import write_json
 from ..checkpoint import save_checkpoint
@@ -289,7 +290,9 @@ def main(args):
     result = {"command": "python -m tformer fewer-bits", "config": config, "commit": commit,
               "dirty": dirty, "python": platform.python_version(), "numpy": np.__version__,
               "machine": platform.machine(),
-              "threads": {v: os.environ.get(v) for v in ("OPENBLAS_NUM_THREADS", "TFORMER_NUM_THREADS")},
+              "threads": {**{v: os.environ.get(v)
+                             for v in ("OPENBLAS_NUM_THREADS", "TFORMER_NUM_THREADS")},
+                          "tformer": parallel.get_num_threads()},
               "runs": {}}
     argsets = {p: run_args([*(["--steps", str(args.steps)] if args.steps else []), "--precision", p])
                for p in PRECISIONS}
@@ -301,7 +304,9 @@ def main(args):
         final = hist["eval"][-1][1]
         run = {"history": {k: hist[k] for k in ("step", "loss", "grad_norm", "lr")},
                "eval": [[s, m] for s, m in hist["eval"]], "val_bpb": final["val_bpb"],
-               "train_bpb": final["train_bpb"], "seconds": seconds}
+               "train_bpb": final["train_bpb"], "seconds": seconds,
+               # the thread count, and whether the batch was cut across the threads (the default)
+               "threads": parallel.get_num_threads(), "batch_cut": bool(model._replicas._copies)}
         if precision is not None:
             run["history"]["loss_scale"] = hist["loss_scale"]
             run["skipped"] = hist["skipped"]
