@@ -1,4 +1,4 @@
-"""``python -m tformer run <system> [flags]``, ``generate``, ``many-processes``, ``quantize``, ``fewer-bits``, ``online-softmax``, ``ablate``, ``memory``.
+"""``python -m tformer run <system> [flags]``, ``generate``, ``many-processes``, ``quantize``, ``fewer-bits``, ``online-softmax``, ``ablate``, ``memory``, ``bpe-compare``.
 
 Each run lives in ``tformer/runs/<module>.py`` with ``add_arguments(parser)`` and ``main(args)``.
 """
@@ -73,7 +73,9 @@ def build_parser():
             ("ablate", "ablate", "the ablation of the modern block: TinyGPT with each piece "
                                  "changed alone, seeds, pre/post-norm (writes a JSON file)"),
             ("memory", "memory", "gradient checkpointing, dynamic batching and gradient norms: the "
-                                 "measurements of the chapter Fitting in memory (writes a JSON file)")):
+                                 "measurements of the chapter Fitting in memory (writes a JSON file)"),
+            ("bpe-compare", "bpe_compare", "TinyGPT on bytes against TinyGPT on BPE tokens of "
+                                           "several vocabulary sizes, in bits per byte (writes a JSON file)")):
         mod = _load(module)
         if mod is not None:
             p = sub.add_parser(name, help=help_text, description=help_text,
