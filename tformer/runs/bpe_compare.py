@@ -37,6 +37,7 @@ from ..data.text import TextData
 from ..data.tokens import TokenData
 from ..models.tinygpt import TinyGPT
 from ..optim import AdamW
+from ..parallel import get_num_threads
 from ..progress import progress
 from ..schedules import cosine_with_warmup
 from ..train import train
@@ -213,6 +214,7 @@ def main(args):
             "commit": git_commit(repo), "machine": dict(machine(), cores=os.cpu_count()),
             "python": platform.python_version(), "numpy": np.__version__,
             "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
+            "tformer_threads": get_num_threads(),
             "load_average_start": list(os.getloadavg()), "started": started}
     text_data, prepared = prepare(config)
     tokenizers = {str(V): tokenizer_record(tok, data, sec, config)
