@@ -115,18 +115,21 @@ def _threads(text):
 
 
 def _check_flags(parser, args):
-    """A run's ``check_args(args)`` (flags that must agree with each other, ``tformer.runs.flags``):
-    its ValueError becomes that command's usage error, exit status 2, before anything runs."""
-    if getattr(args, "command", None) != "run":
-        return
-    check = getattr(_load(RUNS[args.system][0]), "check_args", None)
+    """A command's ``check_args(args)`` (flags that must agree with each other, in the module of
+    its ``main``; ``tformer.runs.flags``): its ValueError becomes that command's usage error, exit
+    status 2, before anything runs."""
+    check = getattr(sys.modules[args.func.__module__], "check_args", None)
     if check is None:
         return
     try:
         check(args)
     except ValueError as e:
-        leaf = next(p for p in _leaves(parser) if p.prog.endswith(f" run {args.system}"))
-        leaf.error(str(e))
+        _leaf(parser, args).error(str(e))
+
+
+def _leaf(parser, args):
+    """The parser of the command ``args`` runs."""
+    return next(p for p in _leaves(parser) if p.get_default("func") is args.func)
 
 
 def main(argv=None):
@@ -143,7 +146,11 @@ def main(argv=None):
     # Under mpiexec, one rank of the job: rank 0 prints; an error on one rank aborts them all.
     from .distributed import RankError, run_command
     from .train import NonFiniteLossError
-    return run_command(args.func, args, consistent=(RankError, NonFiniteLossError))
+    from .runs.flags import UsageError
+    try:
+        return run_command(args.func, args, consistent=(RankError, NonFiniteLossError))
+    except UsageError as e:                       # bad input found as the command ran
+        _leaf(parser, args).error(str(e))
 
 
 if __name__ == "__main__":

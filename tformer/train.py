@@ -46,7 +46,8 @@ def train(model, optimizer, batch, forward_loss, steps, *, start_step=0, accum_s
     - ``lr_schedule(step) -> lr`` sets ``optimizer.lr`` before each update.
     - ``evaluate(model) -> dict`` runs every ``eval_every`` steps and at the end (model in eval
       mode for the call, back to train mode after).
-    - ``checkpoint_path``: written atomically every ``checkpoint_every`` steps and at the end.
+    - ``checkpoint_path``: written atomically every ``checkpoint_every`` steps and at the end;
+      its ``extra`` holds ``steps``, the length of the schedule (``--resume`` compares it).
     - A non-finite loss or gradient norm raises ``NonFiniteLossError`` before the update, so the
       parameters and the last checkpoint on disk stay those of the last good step.
     - ``data_parallel`` (a ``tformer.distributed.DataParallel``; ``batch`` then gives this rank's
@@ -138,7 +139,8 @@ def train(model, optimizer, batch, forward_loss, steps, *, start_step=0, accum_s
             model.train()
         if checkpoint_path and ((checkpoint_every and step % checkpoint_every == 0) or step == steps):
             save = data_parallel.save_checkpoint if data_parallel is not None else save_checkpoint
-            save(checkpoint_path, model, optimizer, config, step, precision=precision)
+            save(checkpoint_path, model, optimizer, config, step, extra={"steps": steps},
+                 precision=precision)
             last_good = os.fspath(checkpoint_path)
         if log_path and (step == steps or (checkpoint_path and checkpoint_every
                                            and step % checkpoint_every == 0)):

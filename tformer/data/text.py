@@ -92,6 +92,13 @@ def bits_per_byte(loss_nats):
     return float(loss_nats) / math.log(2.0)
 
 
+def split_sizes(n, val_fraction):
+    """``(train, val)``: the bytes of each split ``TextData`` makes of one ``n``-byte document
+    (its last ``val_fraction`` held out, each piece followed by a newline)."""
+    val = int(round(n * val_fraction))
+    return n - val + 1, val + 1
+
+
 class TextData:
     """A byte corpus split into train and validation, with seeded batches of next-byte targets.
 
@@ -115,7 +122,7 @@ class TextData:
         self.names = [name for name, _ in documents]
         train, val = [], []
         for name, raw in documents:
-            cut = len(raw) - int(round(len(raw) * val_fraction))
+            cut = len(raw) - int(round(len(raw) * val_fraction))         # split_sizes' rule
             train.append(raw[:cut] + b"\n")
             val.append(raw[cut:] + b"\n")
         self.train = encode(b"".join(train))                      # (N_train,) uint8

@@ -5,10 +5,17 @@ Each ``type=`` function below turns the flag's text into a number or raises
 with ``error: argument --min-len: expected an integer ≥ 1, got '0'`` (exit status 2) before
 anything is built. Flags that must agree with each other are checked by the run module's
 ``check_args(args)``, which raises ValueError naming the flags; ``python -m tformer`` turns that
-into the command's usage error too (``tformer.__main__._check_flags``).
+into the command's usage error too (``tformer.__main__._check_flags``). Bad input found only once
+a command runs (a checkpoint that is not one) raises ``UsageError``, which ``python -m tformer``
+prints the same way: the command, the flag, what was expected and what was given, exit status 2.
 """
 import argparse
 import math
+import os
+
+
+class UsageError(ValueError):
+    """Bad input found while a command runs; its message starts with the flag it names."""
 
 
 def _number(text, kind, what, ok):
@@ -58,3 +65,39 @@ def heads_divide(d_model, n_heads, d_flag="--d-model", h_flag="--n-heads", even=
     if even and d_model % 2:
         raise ValueError(f"{d_flag}: expected an even width (sinusoidal positions come in sin/cos "
                          f"pairs), got {d_model}")
+
+
+def text_file(path, block_size, val_fraction, flag="--text"):
+    """``check_args`` helper: ``path`` is a readable file whose train and validation splits
+    (``tformer.data.text.split_sizes``) each hold a window of ``block_size`` + 2 bytes."""
+    from ..data.text import split_sizes
+    if not os.path.isfile(path):
+        why = "a folder" if os.path.isdir(path) else "no such file"
+        raise ValueError(f"{flag}: expected a readable file, got {path!r} ({why})")
+    try:
+        open(path, "rb").close()
+    except OSError as e:
+        raise ValueError(f"{flag}: expected a readable file, got {path!r} ({e.strerror})") from None
+    need, size = block_size + 2, os.path.getsize(path)
+    if min(split_sizes(size, val_fraction)) >= need:
+        return
+    least = max(need, math.ceil((need - 1.5) / val_fraction) - 2)
+    while min(split_sizes(least, val_fraction)) < need:
+        least += 1
+    raise ValueError(f"{flag}: expected a file of at least {least:,} bytes (its train and "
+                     f"validation splits, --val-fraction {val_fraction:g}, each hold --max-len + 2 "
+                     f"= {need} bytes), got {path!r} of {size:,} bytes")
+
+
+def resumed_steps(meta, steps, path):
+    """``--resume`` against ``--steps``: a ``UsageError`` if the checkpoint is past ``steps``; a
+    one-line note if the run was started with another ``--steps`` (None if not, or unknown)."""
+    start, before = meta["step"], (meta.get("extra") or {}).get("steps")
+    if start > steps:
+        raise UsageError(f"--steps: expected at least the step of the checkpoint {path!r}, "
+                         f"{start}, got {steps}")
+    if before is None or before == steps:
+        return None
+    return (f"--resume: the run was started with --steps {before}: steps {start + 1}..{steps} "
+            f"follow the learning-rate schedule of a {steps}-step run (steps 1..{start} followed "
+            f"the {before}-step one), so the result differs from a run started with --steps {steps}")

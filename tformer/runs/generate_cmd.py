@@ -10,7 +10,7 @@ from ..data.text import decode, encode
 from ..generate import sample
 from ..models.tinygpt import TinyGPT
 from .tinygpt import DEFAULT_CHECKPOINT
-from .flags import nonnegative_float, nonnegative_int
+from .flags import UsageError, nonnegative_float, nonnegative_int
 
 _MODEL_KEYS = ("d_model", "n_heads", "n_layers", "max_len", "vocab_size", "d_ff", "dropout", "dtype")
 # The modern block's keywords (chapter 25). A checkpoint saved before they existed lacks them: it is
@@ -49,11 +49,19 @@ def load_tinygpt(path):
     return model, meta
 
 
+def check_args(args):
+    """The prompt holds at least one byte (the model continues something)."""
+    if not args.prompt:
+        raise ValueError("--prompt: expected at least one character, got ''")
+
+
 def main(args):
-    model, meta = load_tinygpt(args.checkpoint)
+    try:
+        model, meta = load_tinygpt(args.checkpoint)
+    except (OSError, ValueError) as e:                   # missing, not a checkpoint, not TinyGPT's
+        raise UsageError(f"--checkpoint: expected a checkpoint saved by `python -m tformer run "
+                         f"tinygpt`, got {args.checkpoint!r}: {str(e).removeprefix('path: ')}") from None
     prompt = encode(args.prompt)
-    if prompt.size == 0:
-        raise ValueError("prompt: expected at least one character, got an empty string")
     out = sample(model, prompt[None, :], args.max_new_tokens, temperature=args.temperature,
                  top_k=args.top_k, top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache)
     sys.stdout.write(decode(out[0]) + "\n")

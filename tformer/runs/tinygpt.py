@@ -28,8 +28,9 @@ from ..models.tinygpt import TinyGPT
 from ..optim import AdamW, cosine_with_warmup
 from ..precision import PRECISIONS, precision_policy
 from ..train import train
+from .fits import check_fits
 from .flags import (heads_divide, nonnegative_float, nonnegative_int, positive_float,
-                    positive_int, probability)
+                    positive_int, probability, resumed_steps, text_file)
 
 DEFAULT_CHECKPOINT = "checkpoints/tinygpt.npz"
 DEFAULT_PROMPT = "def "
@@ -99,13 +100,17 @@ def add_arguments(p):
 
 def check_args(args):
     """The flags that must agree (ValueError naming them): ``--n-heads`` divides ``--d-model``,
-    ``--n-kv-heads`` divides ``--n-heads``, and ``--val-fraction`` holds something out."""
+    ``--n-kv-heads`` divides ``--n-heads``, ``--val-fraction`` holds something out, ``--text`` is
+    a file long enough for ``--max-len``, and the run fits in memory (``tformer.runs.fits``)."""
     heads_divide(args.d_model, args.n_heads)
     if args.n_kv_heads is not None and args.n_heads % args.n_kv_heads:
         raise ValueError(f"--n-kv-heads: must divide --n-heads = {args.n_heads}, "
                          f"got {args.n_kv_heads}")
     if args.val_fraction <= 0:
         raise ValueError(f"--val-fraction: expected a share in (0, 1), got {args.val_fraction}")
+    if args.text:
+        text_file(args.text, args.max_len, args.val_fraction)
+    check_fits(args)
 
 
 def _data(args):
@@ -144,6 +149,9 @@ def _resume(args, model, opt, dp, world, precision=None):
     else:
         meta = load_checkpoint(args.checkpoint, model, opt, precision=precision)
     print(f"resumed from {args.checkpoint} at step {meta['step']}")
+    note = resumed_steps(meta, args.steps, args.checkpoint)
+    if note:
+        print(note)
     return meta["step"]
 
 
@@ -210,6 +218,7 @@ def main(args):
     save(args.checkpoint, model, opt, step=args.steps, precision=precision, extra={
         "corpus": source, "unigram_entropy_bpb": H, "train_bpb": final["train_bpb"],
         "val_bpb": final["val_bpb"], "train_seconds": train_time, "world_size": world.size,
+        "steps": args.steps,
         "eval": [[s, m] for s, m in hist["eval"]],
         "data": {"text": args.text, "block_size": args.max_len, "batch_size": args.batch_size,
                  "val_fraction": args.val_fraction, "seed": args.seed,

@@ -28,7 +28,7 @@ from ..optim import Adam, cosine_with_warmup, noam_lr
 from ..precision import PRECISIONS, precision_policy
 from ..train import train
 from .flags import (at_least_two, heads_divide, nonnegative_float, nonnegative_int,
-                    positive_float, positive_int, probability)
+                    positive_float, positive_int, probability, resumed_steps)
 
 DEFAULT_CHECKPOINT = "checkpoints/transformer.npz"
 
@@ -155,8 +155,12 @@ def main(args):
     opt = Adam(model, lr=args.lr, betas=(0.9, 0.98), eps=1e-9)
     start = 0
     if args.resume and os.path.exists(args.checkpoint):
-        start = load_checkpoint(args.checkpoint, model, opt, precision=precision)["step"]
+        meta = load_checkpoint(args.checkpoint, model, opt, precision=precision)
+        start = meta["step"]
         print(f"resumed from {args.checkpoint} at step {start}")
+        note = resumed_steps(meta, args.steps, args.checkpoint)
+        if note:
+            print(note)
     print(f"task: {args.task} sequences of {args.min_len}..{args.max_len} symbols out of "
           f"{args.n_symbols}, padded to {task.seq_len} tokens; vocabulary {task.vocab_size}")
     print(f"Transformer: C={args.d_model}, H={args.n_heads}, N={args.n_layers}, d_ff={args.d_ff}, "

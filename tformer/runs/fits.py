@@ -1,0 +1,62 @@
+"""Does a ``run tinygpt`` fit in memory? Chapter 21's prediction of a step's peak
+(``tformer.step_memory``), checked before anything is allocated, and the flags that would make a
+run that does not fit, fit: ``--attention flash``, ``--gradient-checkpointing``, a smaller
+``--batch-size``.
+"""
+from ..step_memory import available_bytes, gib, step_peak_bytes, training_bytes
+
+VOCAB = 256                                                      # bytes are TinyGPT's tokens
+
+
+def run_bytes(args, **change):
+    """Predicted peak of a ``run tinygpt`` with ``args`` (some changed): one step's peak plus
+    the parameters, gradients and AdamW moments, in float32."""
+    a = {**vars(args), **change}
+    C, L, T, H = a["d_model"], a["n_layers"], a["max_len"], a["n_heads"]
+    d_ff = a["d_ff"] or 4 * C
+    k = a["blocks_per_segment"] if a["gradient_checkpointing"] else 0
+    params = L * (4 * C * C + 2 * C * d_ff + 9 * C + d_ff) + (VOCAB + T) * C + C * VOCAB
+    return (step_peak_bytes(a["batch_size"], T, C, H, d_ff, L, VOCAB, k, a["attention"])
+            + training_bytes(params))
+
+
+def largest_batch(args, available, **change):
+    """The largest ``--batch-size`` that fits (with ``change``), or None if not even 1 does."""
+    lo, hi = 0, args.batch_size
+    while lo < hi:                                               # the prediction grows with B
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if run_bytes(args, batch_size=mid, **change) <= available else \
+            (lo, mid - 1)
+    return lo or None
+
+
+def check_fits(args, available=None):
+    """ValueError naming the flags if the predicted peak exceeds the memory available now."""
+    available = available_bytes() if available is None else available
+    need = run_bytes(args)
+    if available is None or need <= available:
+        return
+    ways = []
+    flash = {"attention": "flash"} if args.attention == "plain" else {}
+    ckpt = {"gradient_checkpointing": True} if not args.gradient_checkpointing else {}
+    for change, flags in ((flash, "--attention flash"), (ckpt, "--gradient-checkpointing")):
+        if change and run_bytes(args, **change) <= available:
+            ways.append(f"{flags} ({gib(run_bytes(args, **change))})")
+    both = " --attention flash --gradient-checkpointing"
+    if not ways and flash and ckpt and run_bytes(args, **flash, **ckpt) <= available:
+        ways.append(f"{both[1:]} ({gib(run_bytes(args, **flash, **ckpt))})")
+    for change, flags in (({}, ""), ({**flash, **ckpt}, both)):
+        B = largest_batch(args, available, **change)
+        if B is not None:
+            if not ways or not flags:
+                ways.append(f"--batch-size {B}{flags} "
+                            f"({gib(run_bytes(args, batch_size=B, **change))})")
+            break
+    fix = ("it would fit with " + ", or ".join(ways) if ways else
+           "not even --batch-size 1 --attention flash --gradient-checkpointing fits: a smaller "
+           "--max-len, --d-model or --n-layers")
+    raise ValueError(f"--max-len, --batch-size: expected a run whose predicted peak (chapter 21's "
+                     f"count of a training step, tformer.step_memory) fits in the "
+                     f"{gib(available)} available, got {gib(need)} for B={args.batch_size}, "
+                     f"T={args.max_len}, C={args.d_model}, L={args.n_layers}, "
+                     f"{args.attention} attention; {fix}")
