@@ -45,8 +45,11 @@ NB ?= $(sort $(shell find notebooks -name '*.ipynb' -not -path '*/.ipynb_checkpo
 
 RUN_NB := env -u MPLBACKEND
 JB_BUILD := $(RUN_NB) $(BIN)/jupyter-book build . --all -W --keep-going
+# nbval runs the notebooks NBVAL_WORKERS at a time (pytest-xdist; each notebook on one worker, in one
+# kernel, one thread): the floats do not depend on it, only the wall-clock time.
+NBVAL_WORKERS ?= 2
 NBVAL := $(RUN_NB) $(BIN)/python -m pytest --nbval notebooks --nbval-current-env \
-	--nbval-sanitize-with .nbval-sanitize.cfg -p no:cacheprovider
+	--nbval-sanitize-with .nbval-sanitize.cfg -p no:cacheprovider -n $(NBVAL_WORKERS) --dist loadscope
 
 # The environment under which notebooks are executed and checked: one BLAS thread (so floats do not
 # depend on the core count), no progress bars, a fixed hash seed, and the venv's own kernel.
