@@ -16,9 +16,9 @@ chunk's edge. The text is cut into chunks by ``PATTERN``, tried left to right, f
   that are not decimal digits (``½``).
 - ``" ?\\d+"``: a run of decimal digits, with at most one space before it.
 - ``" ?(?:[^\\s\\w]|_)+"``: a run of anything else (punctuation, symbols, ``_``), likewise.
-- ``"\\s+(?!\\S)"``, then ``"\\s+"``: a run of whitespace, newlines included. The first form leaves
-  the last space of a run to the word that follows it, so ``"a   b"`` gives ``"a"``, ``"  "``,
-  ``" b"``.
+- ``"\\s*[\\r\\n]+"``: whitespace that ends in line breaks (``"\\n\\n"``, ``"  \\n"``), one chunk.
+- ``"\\s+(?!\\S)"``, then ``"\\s+"``: any other run of whitespace. The first form leaves the last
+  space of a run to the word that follows it, so ``"a   b"`` gives ``"a"``, ``"  "``, ``" b"``.
 
 Every character falls in exactly one class, so the chunks concatenate to the text. No token
 spans a word and its punctuation, a letter and a digit, or a newline and a word. Counting runs
@@ -60,7 +60,7 @@ import numpy as np
 
 from .atomic import write_json
 
-PATTERN = r" ?[^\W\d_]+| ?\d+| ?(?:[^\s\w]|_)+|\s+(?!\S)|\s+"
+PATTERN = r" ?[^\W\d_]+| ?\d+| ?(?:[^\s\w]|_)+|\s*[\r\n]+|\s+(?!\S)|\s+"
 BYTES = tuple(bytes([i]) for i in range(256))
 FORMAT, VERSION = "tformer-bpe", 1
 

@@ -61,7 +61,7 @@ def add_arguments(p):
     p.add_argument("--n-layers", type=int, default=4, help="blocks")
     p.add_argument("--max-len", type=int, default=64, help="context length T, in tokens")
     p.add_argument("--batch-size", type=int, default=12, help="windows per step B")
-    p.add_argument("--steps", type=int, default=2000, help="optimizer steps of every run")
+    p.add_argument("--steps", type=int, default=1000, help="optimizer steps of every run")
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
     p.add_argument("--min-lr", type=float, default=1e-4, help="learning rate at the last step")
     p.add_argument("--warmup", type=int, default=100, help="linear warm-up steps")
