@@ -348,8 +348,10 @@ def test_exhaustive_search_wants_one_prompt():
     ("run attention --eps 0", r"argument --eps: expected a finite number > 0, got '0'"),
     ("run transformer2 --d-ff 0", r"argument --d-ff: expected an integer ≥ 1, got '0'"),
     ("run transformer2 --seed -1", r"argument --seed: expected an integer ≥ 0, got '-1'"),
-    ("run encoder --heads 3", r"--heads: must divide --d-model = 64, got 3"),
+    ("run encoder --n-heads 3", r"--n-heads: must divide --d-model = 64, got 3"),
+    ("run encoder --heads 3", r"--n-heads: must divide --d-model = 64, got 3"),    # old spelling
     ("run encoder --seq-len 0", r"argument --seq-len: expected an integer ≥ 1, got '0'"),
+    ("run encoder --steps -5", r"argument --steps: expected an integer ≥ 1, got '-5'"),
     ("run encoder --epochs -5", r"argument --epochs: expected an integer ≥ 1, got '-5'"),
     ("run tinygpt --steps 0", r"argument --steps: expected an integer ≥ 1, got '0'"),
     ("run tinygpt --lr -1", r"argument --lr: expected a finite number ≥ 0, got '-1'"),

@@ -98,7 +98,7 @@ def test_run_transformer_budget_too_small(tmp_path, capsys):
      "--eval-batches", "1"],
     ["transformer2", "--steps", "3", "--d-model", "4", "--d-ff", "4", "--seq-len", "3",
      "--batch-size", "2", "--eval-batches", "1"],
-    ["encoder", "--epochs", "2", "--n-train", "32", "--n-test", "8", "--layers", "1", "--d-model",
+    ["encoder", "--steps", "2", "--n-train", "32", "--n-test", "8", "--n-layers", "1", "--d-model",
      "16", "--heads", "2", "--d-ff", "32", "--seq-len", "6", "--no-progress"],
     ["tinygpt", "--steps", "3", "--d-model", "16", "--n-heads", "2", "--n-layers", "1", "--max-len",
      "16", "--batch-size", "4", "--eval-windows", "2", "--eval-every", "0", "--sample-tokens", "4",

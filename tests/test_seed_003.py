@@ -321,8 +321,8 @@ def test_crossing_epoch_is_the_first_below_target():
 
 
 def test_cli_prints_the_final_mse_and_crossing(capsys):
-    rc = cli_main(["run", "encoder", "--epochs", "2", "--n-train", "32", "--n-test", "8", "--layers", "1",
-                   "--d-model", "16", "--heads", "2", "--d-ff", "32", "--seq-len", "6", "--no-progress"])
+    rc = cli_main(["run", "encoder", "--steps", "2", "--n-train", "32", "--n-test", "8", "--n-layers", "1",
+                   "--d-model", "16", "--n-heads", "2", "--d-ff", "32", "--seq-len", "6", "--no-progress"])
     out = capsys.readouterr().out
     assert rc == 0
     assert "final MSE (training set, after epoch 2)" in out

@@ -137,3 +137,25 @@ def test_resume_transformer_with_other_steps(tmp_path, capsys):
     capsys.readouterr()
     assert cli(base + ["--steps", "4", "--resume"]) == 0
     assert "--resume: the run was started with --steps 2: steps 3..4" in capsys.readouterr().out
+
+
+ENCODER = ["run", "encoder", "--n-train", "32", "--n-test", "8", "--batch-size", "16",
+           "--d-model", "16", "--d-ff", "32", "--seq-len", "6", "--no-progress"]
+
+
+def test_run_encoder_takes_the_flags_of_the_other_runs_and_its_old_spellings_for_a_release(capsys):
+    assert cli(ENCODER + ["--n-layers", "1", "--n-heads", "2", "--steps", "4"]) == 0
+    new = capsys.readouterr()
+    assert "1 layers, d_model 16, 2 heads" in new.out and "4 steps (2 epochs)" in new.out
+    assert new.err == ""
+    assert cli(ENCODER + ["--layers", "1", "--heads", "2", "--epochs", "2"]) == 0
+    old = capsys.readouterr()
+    assert old.out.split("final MSE")[1].split("wall time")[0] == \
+        new.out.split("final MSE")[1].split("wall time")[0]             # the same run, to the digit
+    for before, after in (("--layers", "--n-layers"), ("--heads", "--n-heads"),
+                          ("--epochs", "--steps")):
+        assert (f"python -m tformer run encoder: {before} is the old spelling of {after} and goes "
+                f"in the next release; use {after}") in old.err
+    assert "N epochs are N·⌈n_train / batch_size⌉ steps" in old.err
+    _usage_error(ENCODER + ["--epochs", "2", "--steps", "4"], capsys, "run encoder",
+                 "--epochs: the old spelling of --steps, expected one of the two")

@@ -1,6 +1,7 @@
 """``python -m tformer run <system> [flags]``, ``generate``, ``many-processes``, ``quantize``, ``fewer-bits``, ``online-softmax``, ``ablate``, ``memory``, ``bpe-compare``.
 
-Each run lives in ``tformer/runs/<module>.py`` with ``add_arguments(parser)`` and ``main(args)``.
+Every command is one entry of ``RUNS`` (``run SYSTEM``) or ``COMMANDS`` below, registered the same
+way: its module's ``add_arguments(parser)``, ``main(args)`` and optional ``check_args(args)``.
 """
 import os
 
@@ -15,23 +16,58 @@ import argparse  # noqa: E402
 import importlib  # noqa: E402
 import sys  # noqa: E402
 
-# system name -> (module in tformer.runs, one-line description)
+# Every command: name -> (its module, one-line description). The module has
+# ``add_arguments(parser)`` and ``main(args)``, and may have ``check_args(args)`` (flags that must
+# agree). ``run SYSTEM`` trains a source system; the other commands stand alone.
 RUNS = {
-    "attention": ("attention", "seed 001: one self-attention layer on the copy-the-max-row task"),
-    "transformer2": ("transformer2", "seed 000: the two-layer transformer (swish MLP, no LayerNorm)"),
-    "encoder": ("encoder", "seed 003: the post-LN encoder reconstructing its input"),
-    "transformer": ("transformer", "seed 002: the complete Transformer on a padded sequence task"),
-    "tinygpt": ("tinygpt", "seed 004: TinyGPT, a byte-level GPT trained on text"),
+    "attention": ("tformer.runs.attention",
+                  "seed 001: one self-attention layer on the copy-the-max-row task"),
+    "transformer2": ("tformer.runs.transformer2",
+                     "seed 000: the two-layer transformer (swish MLP, no LayerNorm)"),
+    "encoder": ("tformer.runs.encoder", "seed 003: the post-LN encoder reconstructing its input"),
+    "transformer": ("tformer.runs.transformer",
+                    "seed 002: the complete Transformer on a padded sequence task"),
+    "tinygpt": ("tformer.runs.tinygpt", "seed 004: TinyGPT, a byte-level GPT trained on text"),
+}
+COMMANDS = {
+    "generate": ("tformer.runs.generate_cmd", "write text from a saved TinyGPT checkpoint"),
+    "quantize": ("tformer.runs.quantize_cmd", "int8 post-training quantization of a saved checkpoint"),
+    "many-processes": ("tformer.runs.many_processes",
+                       "measure data-parallel training over MPI (writes a JSON file)"),
+    "fewer-bits": ("tformer.runs.fewer_bits", "the precision and quantization measurements of the "
+                   "chapter Fewer bits (writes a JSON file)"),
+    "online-softmax": ("tformer.runs.online_softmax", "plain against online-softmax attention: tile "
+                       "sizes, peak memory and time (writes a JSON file)"),
+    "ablate": ("tformer.runs.ablate", "the ablation of the modern block: TinyGPT with each piece "
+               "changed alone, seeds, pre/post-norm (writes a JSON file)"),
+    "memory": ("tformer.runs.memory", "gradient checkpointing, dynamic batching and gradient norms: "
+               "the measurements of the chapter Fitting in memory (writes a JSON file)"),
+    "bpe-compare": ("tformer.runs.bpe_compare", "TinyGPT on bytes against TinyGPT on BPE tokens "
+                    "of several vocabulary sizes, in bits per byte (writes a JSON file)"),
+    "bench": ("tformer.bench.run", "training and generation against PyTorch (writes a JSON file)"),
 }
 
 
 def _load(module):
+    """The module, or None if it is not there (a command whose module is missing is left out)."""
     try:
-        return importlib.import_module(f"tformer.runs.{module}")
+        return importlib.import_module(module)
     except ModuleNotFoundError as e:
-        if e.name == f"tformer.runs.{module}":
+        if e.name == module:
             return None
         raise
+
+
+def _add(sub, name, module, help_text):
+    """Register one command: its parser, its flags (``module.add_arguments``), its ``main``."""
+    mod = _load(module)
+    if mod is None:
+        return None
+    p = sub.add_parser(name, help=help_text, description=help_text,
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    mod.add_arguments(p)
+    p.set_defaults(func=mod.main)
+    return p
 
 
 def build_parser():
@@ -41,55 +77,13 @@ def build_parser():
     run = sub.add_parser("run", help="train one source system")
     systems = run.add_subparsers(dest="system", required=True, metavar="SYSTEM")
     for name, (module, help_text) in RUNS.items():
-        mod = _load(module)
-        if mod is None:
-            continue
-        p = systems.add_parser(name, help=help_text, description=help_text,
-                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-        mod.add_arguments(p)
-        if not any(a.dest == "log" for a in p._actions):
+        p = _add(systems, name, module, help_text)
+        if p is not None and not any(a.dest == "log" for a in p._actions):
             p.add_argument("--log", metavar="FILE", default=None,
                            help="write the training history (step, loss, lr, grad norm, clip ratio, "
                                 "time) to FILE: CSV if it ends in .csv, else JSON lines")
-        p.set_defaults(func=mod.main)
-    gen = _load("generate_cmd")
-    if gen is not None:
-        p = sub.add_parser("generate", help="write text from a saved TinyGPT checkpoint",
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-        gen.add_arguments(p)
-        p.set_defaults(func=gen.main)
-    mp = _load("many_processes")
-    if mp is not None:
-        p = sub.add_parser("many-processes", help="measure data-parallel training over MPI (JSON)",
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-        mp.add_arguments(p)
-        p.set_defaults(func=mp.main)
-    for name, module, help_text in (
-            ("quantize", "quantize_cmd", "int8 post-training quantization of a saved checkpoint"),
-            ("fewer-bits", "fewer_bits", "the precision and quantization measurements of the "
-                                         "chapter Fewer bits (writes a JSON file)"),
-            ("online-softmax", "online_softmax", "plain against online-softmax attention: tile "
-                                                 "sizes, peak memory and time (writes a JSON file)"),
-            ("ablate", "ablate", "the ablation of the modern block: TinyGPT with each piece "
-                                 "changed alone, seeds, pre/post-norm (writes a JSON file)"),
-            ("memory", "memory", "gradient checkpointing, dynamic batching and gradient norms: the "
-                                 "measurements of the chapter Fitting in memory (writes a JSON file)"),
-            ("bpe-compare", "bpe_compare", "TinyGPT on bytes against TinyGPT on BPE tokens of "
-                                           "several vocabulary sizes, in bits per byte (writes a JSON file)")):
-        mod = _load(module)
-        if mod is not None:
-            p = sub.add_parser(name, help=help_text, description=help_text,
-                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-            mod.add_arguments(p)
-            p.set_defaults(func=mod.main)
-    from .bench import run as bench
-    p = sub.add_parser("bench", help="training and generation against PyTorch (writes a JSON file)",
-                       description="Training and generation, tformer against PyTorch (make bench). "
-                       "--threads N sets every library's threads on both sides; without it, "
-                       "each runs on its defaults.",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    bench.add_arguments(p)
-    p.set_defaults(func=bench.main)
+    for name, (module, help_text) in COMMANDS.items():
+        _add(sub, name, module, help_text)
     for p in _leaves(parser):
         p.add_argument("--threads", type=_threads, default=argparse.SUPPRESS, metavar="N",
                        help="threads of tformer's kernels (default: TFORMER_NUM_THREADS, else every "

@@ -48,6 +48,9 @@ TARGET_CACHE_SPEEDUP = 5.0
 
 def add_arguments(p):
     """The bench command's flags."""
+    p.description = ("Training and generation, tformer against PyTorch (make bench). --threads N "
+                     "sets every library's threads on both sides; without it, each runs on its "
+                     "defaults.")
     p.add_argument("--sizes", default="small,medium,large",
                    help="training sizes, a comma-separated subset of " + ", ".join(SIZES))
     p.add_argument("--rounds", type=int, default=3, help="every measurement this many times")

@@ -13,22 +13,23 @@ from ..data.reconstruction import ReconstructionData, forward_loss, mse
 from ..models.encoder import Encoder
 from ..optim import Adam
 from ..train import train
-from .flags import heads_divide, nonnegative_float, nonnegative_int, positive_int
+from .flags import Deprecated, heads_divide, nonnegative_float, nonnegative_int, positive_int
 
 HEADLINE_MSE = 0.0043          # the seed's "Final MSE Loss" after 500 epochs
 
 
 def add_arguments(parser):
     """The flags of ``python -m tformer run encoder``; the defaults are the seed's headline configuration."""
-    parser.add_argument("--layers", type=positive_int, default=2, help="number of post-LN blocks")
+    parser.add_argument("--n-layers", type=positive_int, default=2, help="number of post-LN blocks")
     parser.add_argument("--d-model", type=positive_int, default=64,
                         help="model width d (also the data's width)")
-    parser.add_argument("--heads", type=positive_int, default=4,
+    parser.add_argument("--n-heads", type=positive_int, default=4,
                         help="attention heads (must divide d_model)")
     parser.add_argument("--d-ff", type=positive_int, default=256,
                         help="hidden width of the ReLU feed-forward network")
-    parser.add_argument("--epochs", type=positive_int, default=500,
-                        help="passes over the training set")
+    parser.add_argument("--steps", type=positive_int, default=None,
+                        help="optimizer steps (default: 500 epochs, passes over the training set, "
+                             "of ⌈n_train / batch_size⌉ steps each: 4000 with the default data)")
     parser.add_argument("--lr", type=nonnegative_float, default=1e-3,
                         help="Adam learning rate η (betas 0.9, 0.999, ε 1e-8)")
     parser.add_argument("--batch-size", type=positive_int, default=32,
@@ -45,17 +46,31 @@ def add_arguments(parser):
     parser.add_argument("--target", type=nonnegative_float, default=HEADLINE_MSE,
                         help="report the first epoch whose training MSE is at most this")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    # The spellings of earlier releases, kept for one release (a message names the new one).
+    parser.add_argument("--layers", dest="n_layers", type=positive_int, action=Deprecated,
+                        new="--n-layers")
+    parser.add_argument("--heads", dest="n_heads", type=positive_int, action=Deprecated,
+                        new="--n-heads")
+    parser.add_argument("--epochs", dest="epochs", type=positive_int, action=Deprecated,
+                        new="--steps", note=" (N epochs are N·⌈n_train / batch_size⌉ steps)")
 
 
 def check_args(args):
-    """The flags that must agree: ``--heads`` divides an even ``--d-model`` (ValueError naming them)."""
-    heads_divide(args.d_model, args.heads, h_flag="--heads", even=True)
+    """The flags that must agree (ValueError naming them): ``--n-heads`` divides an even
+    ``--d-model``; the old ``--epochs`` and ``--steps`` are not both given."""
+    heads_divide(args.d_model, args.n_heads, even=True)
+    if getattr(args, "epochs", None) is not None and args.steps is not None:
+        raise ValueError(f"--epochs: the old spelling of --steps, expected one of the two, got "
+                         f"--epochs {args.epochs} and --steps {args.steps}")
 
 
 def run(layers=2, d_model=64, heads=4, d_ff=256, epochs=500, lr=1e-3, batch_size=32, seed=0,
         n_train=256, n_test=64, seq_len=16, vocab_size=65, target=HEADLINE_MSE, progress_bar=None,
-        log_path=None):
+        log_path=None, steps=None):
     """Train the encoder on the reconstruction set; returns a dict of the results.
+
+    ``steps``: optimizer steps instead of ``epochs`` whole passes (evaluated after every epoch
+    and at the last step; an epoch is ``steps_per_epoch`` steps).
 
     Keys: ``model``, ``data``, ``history`` (from ``tformer.train.train``), ``epochs`` and
     ``train_mse`` / ``test_mse`` (one entry per epoch, measured after it), ``crossed`` (the first
@@ -74,11 +89,12 @@ def run(layers=2, d_model=64, heads=4, d_ff=256, epochs=500, lr=1e-3, batch_size
         return {"train_mse": mse(m, data.train), "test_mse": mse(m, data.test)}
 
     t0 = time.perf_counter()
-    hist = train(model, opt, data.batch, forward_loss, epochs * spe, evaluate=evaluate, eval_every=spe,
+    steps = epochs * spe if steps is None else steps
+    hist = train(model, opt, data.batch, forward_loss, steps, evaluate=evaluate, eval_every=spe,
                  progress_bar=progress_bar, desc="encoder", log_every=1,
                  log_path=log_path)
     seconds = time.perf_counter() - t0
-    ep = [step // spe for step, _ in hist["eval"]]
+    ep = [step // spe if step % spe == 0 else round(step / spe, 3) for step, _ in hist["eval"]]
     tr = [m["train_mse"] for _, m in hist["eval"]]
     te = [m["test_mse"] for _, m in hist["eval"]]
     crossed = next((e for e, v in zip(ep, tr) if v <= target), None)
@@ -91,12 +107,15 @@ def main(args):
     d = ReconstructionData(n_train=args.n_train, n_test=args.n_test, seq_len=args.seq_len,
                            d_model=args.d_model, vocab_size=args.vocab_size, batch_size=args.batch_size,
                            seed=args.seed)
-    print(f"seed 003 encoder: {args.layers} layers, d_model {args.d_model}, {args.heads} heads, "
+    epochs = getattr(args, "epochs", None)
+    steps = epochs * d.steps_per_epoch if epochs else args.steps or 500 * d.steps_per_epoch
+    print(f"seed 003 encoder: {args.n_layers} layers, d_model {args.d_model}, {args.n_heads} heads, "
           f"d_ff {args.d_ff}; Adam lr {args.lr:g}, no weight decay")
     print(f"data: {args.n_train} fixed sequences of {args.seq_len} tokens (rows of a standardised "
           f"{args.vocab_size}x{args.d_model} table), batch {args.batch_size}, "
-          f"{d.steps_per_epoch} updates per epoch, {args.epochs} epochs; held out: {args.n_test} sequences")
-    r = run(layers=args.layers, d_model=args.d_model, heads=args.heads, d_ff=args.d_ff, epochs=args.epochs,
+          f"{d.steps_per_epoch} updates per epoch, {steps} steps ({steps / d.steps_per_epoch:g} "
+          f"epochs); held out: {args.n_test} sequences")
+    r = run(layers=args.n_layers, d_model=args.d_model, heads=args.n_heads, d_ff=args.d_ff, steps=steps,
             lr=args.lr, batch_size=args.batch_size, seed=args.seed, n_train=args.n_train,
             n_test=args.n_test, seq_len=args.seq_len, vocab_size=args.vocab_size, target=args.target,
             progress_bar=False if args.no_progress else None, log_path=getattr(args, "log", None))
@@ -104,7 +123,7 @@ def main(args):
     print(f"final MSE (training set, after epoch {r['epochs'][-1]}): {r['final_mse']:.6f}")
     print(f"held-out MSE ({args.n_test} unseen sequences): {r['final_test_mse']:.6f}")
     if r["crossed"] is None:
-        print(f"MSE never reached {args.target:g} in {args.epochs} epochs")
+        print(f"MSE never reached {args.target:g} in {steps} steps")
     else:
         print(f"MSE first <= {args.target:g} after epoch {r['crossed']} "
               f"(training-set MSE {r['train_mse'][r['epochs'].index(r['crossed'])]:.6f})")

@@ -12,6 +12,7 @@ prints the same way: the command, the flag, what was expected and what was given
 import argparse
 import math
 import os
+import sys
 
 
 class UsageError(ValueError):
@@ -65,6 +66,21 @@ def heads_divide(d_model, n_heads, d_flag="--d-model", h_flag="--n-heads", even=
     if even and d_model % 2:
         raise ValueError(f"{d_flag}: expected an even width (sinusoidal positions come in sin/cos "
                          f"pairs), got {d_model}")
+
+
+class Deprecated(argparse.Action):
+    """An old spelling of a flag, kept for one release: it stores into the new flag's ``dest``
+    and prints one line naming the new spelling (``add_argument("--layers", dest="n_layers",
+    action=Deprecated, new="--n-layers", type=positive_int)``)."""
+
+    def __init__(self, option_strings, dest, new, note="", **kwargs):
+        super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kwargs)
+        self.new, self.note = new, note
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"{parser.prog}: {option_string} is the old spelling of {self.new} and goes in the "
+              f"next release; use {self.new}{self.note}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
 
 
 def text_file(path, block_size, val_fraction, flag="--text"):
