@@ -1,0 +1,252 @@
+"""LoRA: a frozen linear layer plus a trainable low-rank update (Hu et al., 2021).
+
+    Y = X (W + s A B) + b,    A: (C_in, r),  B: (r, C_out),  s = α / r,  W and b frozen
+
+``B`` starts at zero, so an adapted model starts as the base model, bit for bit. Only ``A`` and
+``B`` are trained (biases and norms stay frozen too): r (C_in + C_out) numbers per layer instead
+of C_in C_out. The backward pass never forms dW; it needs
+
+    dA = s Xᵀ (dY Bᵀ),    dB = s (X A)ᵀ dY,    dX = dY Wᵀ + s (dY Bᵀ) Aᵀ.
+
+``apply_lora(model, r, alpha, targets)`` wraps linear layers of a model by name, in place;
+``Adapters(model)`` is what the optimizer, the gradient clipping and a fine-tuning checkpoint see
+(the adapters' A and B, nothing else); ``merge_lora(model)`` folds W ← W + s A B for inference,
+which leaves a plain model again. The adapter file (A, B, r, α, targets and the base model's
+fingerprint) is ``tformer.lora_file``.
+"""
+import math
+
+import numpy as np
+
+from .layers import Linear, Module
+
+# Target names beyond a layer's own name (``qkv``, ``o``, ``fc1``, ``lm_head``, ...): groups.
+GROUPS = {"attn": ("qkv", "q", "k", "v", "o"), "mlp": ("fc1", "fc2")}
+ALL = "all"                     # every Linear of the model, the LM head included
+
+
+def check_rank(r, name="r"):
+    """r: an integer ≥ 1, else ValueError (TypeError for a non-integer) naming ``name``."""
+    if isinstance(r, bool) or not isinstance(r, (int, np.integer)):
+        raise TypeError(f"{name}: expected an integer ≥ 1, got {type(r).__name__} {r!r}")
+    if r < 1:
+        raise ValueError(f"{name}: expected an integer ≥ 1, got {r}")
+    return int(r)
+
+
+def check_alpha(alpha, name="alpha"):
+    """α: a finite number > 0, else ValueError naming ``name``."""
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(alpha) or alpha <= 0:
+        raise ValueError(f"{name}: expected a finite number > 0, got {alpha!r}")
+    return float(alpha)
+
+
+class LoRALinear(Module):
+    """Y = X (W + s A B) + b around a frozen ``Linear`` (its W and b are not trained).
+
+    Shapes: ``x: (..., C_in)`` -> ``(..., C_out)``; ``A: (C_in, r)`` drawn from
+    U(−1/√C_in, 1/√C_in), ``B: (r, C_out)`` zeros, ``s = alpha / r``. The wrapped layer is the
+    child ``base`` (its kernel computes X W + b); ``backward`` accumulates dA and dB only.
+    """
+
+    def __init__(self, base, r, alpha, rng=None, seed=0):
+        super().__init__()
+        if not isinstance(base, Linear):
+            raise TypeError(f"base: expected a tformer.layers.Linear, got {type(base).__name__}")
+        r, alpha = check_rank(r), check_alpha(alpha)
+        C_in, C_out = base.W.shape
+        rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(seed)
+        bound = 1.0 / math.sqrt(C_in)
+        self.base = base
+        self.r, self.alpha, self.scale = r, alpha, alpha / r
+        self.A = self.add_param("A", rng.uniform(-bound, bound, (C_in, r)).astype(base.W.dtype))
+        self.B = self.add_param("B", np.zeros((r, C_out), base.W.dtype))
+        self._cache = None
+
+    def forward(self, x, out=None):
+        """x: (..., C_in) -> (..., C_out); ``out``: an array to write the result into."""
+        y = self.base(x, out=out)                     # X W + b: the frozen layer's own kernel
+        x2 = x.reshape(-1, self.A.shape[0])           # (N, C_in), N = B·T
+        h = x2 @ self.A                               # X A: (N, r)
+        y2 = y.reshape(-1, self.B.shape[1])           # (N, C_out), a view of y
+        y2 += self.scale * (h @ self.B)               # + s (X A) B
+        self._cache = (x2, h, x.shape)
+        return y
+
+    def backward(self, dy):
+        """dy: (..., C_out) -> dx: (..., C_in); accumulates dA and dB (no dW: W is frozen)."""
+        x2, h, shape = self._cache                    # X: (N, C_in), X A: (N, r)
+        dy2 = dy.reshape(-1, self.B.shape[1])         # (N, C_out)
+        dh = self.scale * (dy2 @ self.B.T)            # s dY Bᵀ: (N, r)
+        self.grads["A"] += x2.T @ dh                  # dA = s Xᵀ (dY Bᵀ): (C_in, r)
+        self.grads["B"] += self.scale * (h.T @ dy2)   # dB = s (X A)ᵀ dY: (r, C_out)
+        dx = dy2 @ self.base.W.T                      # dY Wᵀ: (N, C_in)
+        dx += dh @ self.A.T                           # + s (dY Bᵀ) Aᵀ
+        return dx.reshape(shape)
+
+    @property
+    def W(self):
+        """The frozen base weight (its shape and dtype are the layer's; the layer computes with
+        W + s A B)."""
+        return self.base.W
+
+    def merged_weight(self):
+        """W + s A B: the weight of the one Linear this layer computes."""
+        return self.base.W + self.scale * (self.A @ self.B)
+
+
+def _linears(model):
+    """``[(path, parent, child_name, module)]`` for every Linear or LoRALinear, depth first."""
+    found = []
+
+    def walk(module, prefix):
+        for name, child in module._children.items():
+            if isinstance(child, (Linear, LoRALinear)):
+                found.append((prefix + name, module, name, child))
+            else:
+                walk(child, prefix + name + ".")
+    walk(model, "")
+    return found
+
+
+def _replace(parent, name, new):
+    """Put ``new`` where child ``name`` of ``parent`` was (attribute, children, list item)."""
+    parent._children[name] = new
+    object.__setattr__(parent, name, new)
+    items = getattr(parent, "_items", None)
+    if items is not None and name.isdigit():
+        items[int(name)] = new
+
+
+def target_names(model):
+    """The names ``targets`` may use for ``model``: its linear layers' own names (the last part
+    of their path: ``qkv``, ``o``, ``fc1``, ``fc2``, ``lm_head``), the groups that contain one
+    of them (``attn``, ``mlp``) and ``all``."""
+    own = {path.rsplit(".", 1)[-1] for path, *_ in _linears(model)}
+    groups = {g for g, members in GROUPS.items() if own & set(members)}
+    return sorted(own | groups | {ALL})
+
+
+def resolve_targets(model, targets):
+    """The paths of the linear layers named by ``targets`` (a name or a list of names), in
+    model order; ValueError naming ``targets`` on an unknown name or an empty list."""
+    names = [targets] if isinstance(targets, str) else list(targets)
+    known = target_names(model)
+    unknown = [t for t in names if t not in known]
+    if not names or unknown:
+        raise ValueError(f"targets: expected names among {known}, got "
+                         f"{unknown[0] if unknown else names}")
+    wanted = set()
+    for t in names:
+        wanted |= {ALL} if t == ALL else set(GROUPS.get(t, (t,)))
+    return [path for path, *_ in _linears(model)
+            if ALL in wanted or path.rsplit(".", 1)[-1] in wanted]
+
+
+def apply_lora(model, r, alpha=None, targets=("attn",), seed=0):
+    """Wrap the linear layers of ``model`` named by ``targets`` in ``LoRALinear`` (rank ``r``,
+    ``alpha`` default r, so s = 1), in place; returns their paths.
+
+    The model's parameters are gathered into one flat buffer again (the base weights keep their
+    bits), so that the batch is still cut across threads (``tformer.replicas``); the one-token
+    fast path of decoding (which reads W directly) is turned off until ``merge_lora``.
+    """
+    r = check_rank(r)
+    alpha = float(r) if alpha is None else check_alpha(alpha)
+    if getattr(model, "lora", None):
+        raise ValueError("model: already has LoRA adapters (merge_lora first to add others)")
+    paths = resolve_targets(model, targets)
+    rng = np.random.default_rng(seed)
+    for path, parent, name, child in _linears(model):
+        if path in paths:
+            _replace(parent, name, LoRALinear(child, r, alpha, rng))
+    object.__setattr__(model, "lora", {"r": r, "alpha": alpha,
+                                       "targets": [targets] if isinstance(targets, str) else list(targets),
+                                       "layers": paths})
+    if "lean_decode" in dir(model):
+        object.__setattr__(model, "lean_decode", False)
+    if getattr(model, "_flat", None) is not None:
+        model.flatten_parameters()
+    return paths
+
+
+def merge_lora(model):
+    """W ← W + s A B in every ``LoRALinear`` of ``model``, which becomes its plain ``Linear``
+    again (in place; returns ``model``): the same function, the base model's speed."""
+    for path, parent, name, child in _linears(model):
+        if isinstance(child, LoRALinear):
+            child.base.W[...] = child.merged_weight()
+            _replace(parent, name, child.base)
+    object.__setattr__(model, "lora", None)
+    if "lean_decode" in vars(model):
+        object.__delattr__(model, "lean_decode")            # the class's default again
+    if getattr(model, "_flat", None) is not None:
+        model.flatten_parameters()
+    return model
+
+
+class Adapters:
+    """The trainable part of a model with LoRA adapters: its A and B, nothing else.
+
+    ``named_parameters()`` yields only the adapters' ``(name, A or B, gradient)``, so an optimizer
+    built on this view keeps moments for them alone, gradient clipping measures their norm, and
+    ``state_dict()`` / ``load_state_dict()`` (a fine-tuning checkpoint) hold them alone. Anything
+    else (``forward``, ``backward``, ``zero_grad``, ``train``, ``eval``, ``config``, ...) is the
+    model's. ``config`` adds the adapters' ``lora`` entry to the model's, so a checkpoint of
+    other adapters is refused. ``flat_buffers()`` is None: the optimizer updates A and B one
+    array at a time (a few dozen small arrays).
+    """
+
+    def __init__(self, model):
+        if not any(isinstance(m, LoRALinear) for m in model._modules()):
+            raise ValueError("model: has no LoRA adapters (apply_lora first)")
+        object.__setattr__(self, "model", model)
+
+    def __getattr__(self, name):
+        if name == "model":                   # not set yet (a copy being made): no recursion
+            raise AttributeError(name)
+        return getattr(self.model, name)
+
+    def named_parameters(self, prefix=""):
+        ids = {id(m.params[k]) for m in self.model._modules() if isinstance(m, LoRALinear)
+               for k in ("A", "B")}
+        return ((name, p, g) for name, p, g in self.model.named_parameters(prefix) if id(p) in ids)
+
+    def num_trainable(self):
+        """Number of trained scalars: Σ over adapted layers of r (C_in + C_out)."""
+        return sum(p.size for _, p, _ in self.named_parameters())
+
+    def flat_buffers(self):
+        return None
+
+    @property
+    def config(self):
+        cfg = dict(getattr(self.model, "config", {}))
+        lora = self.model.lora
+        cfg["lora"] = {k: lora[k] for k in ("r", "alpha", "targets")}
+        return cfg
+
+    def state_dict(self):
+        return {name: p.copy() for name, p, _ in self.named_parameters()}
+
+    def load_state_dict(self, state):
+        """Copy A and B in from ``state``; ValueError on missing/unexpected keys or shapes."""
+        own = {name: p for name, p, _ in self.named_parameters()}
+        missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+        if missing or unexpected:
+            raise ValueError(f"state: missing keys {missing}, unexpected keys {unexpected}")
+        for name, p in own.items():
+            value = np.asarray(state[name])
+            if value.shape != p.shape:
+                raise ValueError(f"state[{name!r}]: expected shape {p.shape}, got {value.shape}")
+            np.copyto(p, value.astype(p.dtype, copy=False))
+        return self
+
+    def forward(self, *args, **kwargs):
+        return self.model.forward(*args, **kwargs)
+
+    __call__ = forward
+
+    def backward(self, dy):
+        return self.model.backward(dy)

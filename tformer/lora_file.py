@@ -1,0 +1,78 @@
+"""The LoRA adapter file: the adapters alone, tied to the base model they were trained on.
+
+A ``.npz`` archive written atomically (``tformer.checkpoint.write_npz``): ``lora/<layer>.A`` and
+``lora/<layer>.B`` for every adapted layer, and one JSON ``meta`` with the format, r, α, the
+targets, the adapted layers, the base model's configuration and its **fingerprint**: the SHA-256
+of the base parameters (every parameter but the adapters, in the model's order, as float32 with
+its shape). A few kilobytes where the model is megabytes; loading it onto any other base model
+(another seed, other training, other shape) is refused, since A and B only mean something as an
+update of the W they were trained against.
+"""
+import hashlib
+import json
+
+import numpy as np
+
+from .checkpoint import read_npz, write_npz
+from .lora import Adapters, LoRALinear, apply_lora
+
+FORMAT = "tformer-lora-adapter"
+VERSION = 1
+
+
+def base_parameters(model):
+    """``[(name, array)]``: the parameters of ``model`` that are not LoRA adapters (each once)."""
+    adapters = {id(m.params[k]) for m in model._modules() if isinstance(m, LoRALinear)
+                for k in ("A", "B")}
+    return [(n, p) for n, p, _ in model._unique_parameters() if id(p) not in adapters]
+
+
+def fingerprint(model):
+    """SHA-256 (hex) of the base parameters of ``model``: shapes and float32 bytes, in order.
+    The same before and after adapters are added (the base weights keep their bits)."""
+    h = hashlib.sha256()
+    for _, p in base_parameters(model):
+        h.update(str(p.shape).encode())
+        h.update(np.ascontiguousarray(p, dtype=np.float32).tobytes())
+    return h.hexdigest()
+
+
+def save_adapter(path, model):
+    """Write the adapters of ``model`` (after ``apply_lora``) to ``path``; returns ``path``."""
+    lora = getattr(model, "lora", None)
+    if not lora:
+        raise ValueError("model: has no LoRA adapters to save (apply_lora first)")
+    arrays = {f"lora/{name}": p for name, p, _ in Adapters(model).named_parameters()}
+    meta = {"format": FORMAT, "version": VERSION, "r": lora["r"], "alpha": lora["alpha"],
+            "targets": lora["targets"], "layers": lora["layers"],
+            "base_fingerprint": fingerprint(model), "base_config": getattr(model, "config", {})}
+    arrays["meta"] = np.array(json.dumps(meta))
+    return write_npz(path, arrays)
+
+
+def read_adapter(path):
+    """``(meta, {name: array})`` of the adapter file at ``path``; ValueError naming ``path`` if
+    it is not one (a checkpoint, say)."""
+    meta, arrays = read_npz(path)
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"path: {path!r} is not a LoRA adapter file (its meta has format "
+                         f"{meta.get('format')!r}, expected {FORMAT!r}); a checkpoint is not one")
+    return meta, {k[5:]: v for k, v in arrays.items() if k.startswith("lora/")}
+
+
+def load_adapter(path, model):
+    """Put the adapters of ``path`` on ``model`` (a base model without adapters), in place;
+    returns the file's meta. ValueError naming ``path`` if the file was made for another base
+    model (its fingerprint differs from the model's)."""
+    meta, arrays = read_adapter(path)
+    have = fingerprint(model)
+    if meta["base_fingerprint"] != have:
+        raise ValueError(f"path: the adapter {path!r} was trained on another base model: its base "
+                         f"fingerprint is {meta['base_fingerprint'][:12]}…, this model's is "
+                         f"{have[:12]}… (load the base checkpoint it was trained on)")
+    layers = apply_lora(model, meta["r"], meta["alpha"], meta["targets"])
+    if layers != meta["layers"]:
+        raise ValueError(f"path: the adapter {path!r} adapts layers {meta['layers']}, its targets "
+                         f"name {layers} in this model")
+    Adapters(model).load_state_dict(arrays)
+    return meta
