@@ -77,3 +77,51 @@ def test_bad_plays_argument(plays):
 def test_non_ascii_raises():
     with pytest.raises(ValueError, match="markdown: expected ASCII.*play"):
         S.convert_play("**A**  \nCaf\u00e9\n")
+
+
+# --- the command line: run tinygpt --corpus shakespeare, generate, and the experiment --------
+
+def test_cli_run_on_shakespeare_and_generate(tmp_path, capsys):
+    from tformer.__main__ import main as cli
+    ck = str(tmp_path / "ck.npz")
+    rc = cli(["run", "tinygpt", "--corpus", "shakespeare", "--steps", "3", "--d-model", "16",
+              "--n-heads", "2", "--n-layers", "1", "--max-len", "16", "--batch-size", "2",
+              "--eval-windows", "2", "--eval-every", "2", "--checkpoint", ck,
+              "--sample-tokens", "8", "--temperatures", "1", "--no-progress", "--threads", "1"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "8 plays of Shakespeare" in out and "ROMEO:\n" in out
+    assert cli(["generate", "--checkpoint", ck, "--prompt", "HAMLET:\n", "--max-new-tokens", "10",
+                "--threads", "1"]) == 0
+    assert capsys.readouterr().out.startswith("HAMLET:\n")
+
+
+def test_cli_text_and_corpus_together_is_a_usage_error(capsys):
+    from tformer.__main__ import main as cli
+    with pytest.raises(SystemExit) as e:
+        cli(["run", "tinygpt", "--corpus", "shakespeare", "--text", "README.md"])
+    assert e.value.code == 2
+    assert "--text" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [(["--steps", "100"], "--steps: expected more than"),
+                                           (["--seeds", "1", "1"], "--seeds: expected distinct")])
+def test_experiment_flags(argv, message):
+    import argparse
+    from tformer.runs import shakespeare as run
+    p = argparse.ArgumentParser()
+    run.add_arguments(p)
+    with pytest.raises(ValueError, match=message):
+        run.check_args(p.parse_args(argv))
+
+
+def test_the_experiments_first_steps_follow_the_recipe():
+    """Two steps of the 2000-step recipe: the curve starts near ln 256 and the lr is warming up."""
+    import math
+    from tformer.runs import shakespeare as run
+    model, data, res = run.train_tformer(0, steps=2, progress_bar=False)
+    step0 = res["curve"][0]
+    assert step0[0] == 0 and abs(step0[2] - math.log(256)) < 0.05
+    assert res["curve"][-1][0] == 2 and len(res["loss"]) == 2
+    assert run.schedule(1) == pytest.approx(1e-5) and run.schedule(2000) == pytest.approx(1e-4)
+    assert model.num_parameters() > 800_000 and data.block_size == 64 and data.batch_size == 12

@@ -1,4 +1,4 @@
-"""``python -m tformer run <system> [flags]``, ``generate``, ``many-processes``, ``quantize``, ``fewer-bits``, ``online-softmax``, ``ablate``, ``memory``, ``bpe-compare``.
+"""``python -m tformer run <system> [flags]``, ``generate``, ``many-processes``, ``quantize``, ``fewer-bits``, ``online-softmax``, ``ablate``, ``memory``, ``shakespeare``, ``bpe-compare``.
 
 Every command is one entry of ``RUNS`` (``run SYSTEM``) or ``COMMANDS`` below, registered the same
 way: its module's ``add_arguments(parser)``, ``main(args)`` and optional ``check_args(args)``.
@@ -42,6 +42,8 @@ COMMANDS = {
                "changed alone, seeds, pre/post-norm (writes a JSON file)"),
     "memory": ("tformer.runs.memory", "gradient checkpointing, dynamic batching and gradient norms: "
                "the measurements of the chapter Fitting in memory (writes a JSON file)"),
+    "shakespeare": ("tformer.runs.shakespeare", "TinyGPT learns Shakespeare with nanoGPT's CPU "
+                    "recipe: seeds, samples, the PyTorch twin (writes a JSON file)"),
     "bpe-compare": ("tformer.runs.bpe_compare", "TinyGPT on bytes against TinyGPT on BPE tokens "
                     "of several vocabulary sizes, in bits per byte (writes a JSON file)"),
     "bench": ("tformer.bench.run", "training and generation against PyTorch (writes a JSON file)"),

