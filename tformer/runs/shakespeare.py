@@ -210,9 +210,14 @@ def provenance():
     return {"command": "python -m tformer " + " ".join(sys.argv[1:]), "commit": git("rev-parse", "HEAD"),
             "dirty": None if status is None else bool(status), "cpu": cpu or platform.processor(),
             "cores": parallel.available_cores(), "threads": parallel.get_num_threads(),
-            "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+            "load_average": _load_average(),
             "python": platform.python_version(), "numpy": np.__version__,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def _load_average():
+    """The 1, 5 and 15-minute load averages (a busy machine's times are longer), or None."""
+    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
 
 
 def _round(xs, digits=4):
@@ -236,6 +241,7 @@ def main(args):
         run["final"] = final_metrics(lambda x, y: evaluate_loss(model, x, y), data)
         run["samples"] = samples(model, seed)
         run["loss"] = _round(run["loss"])
+        run["load_average_after"] = _load_average()
         result["seeds"][str(seed)] = run
         f = run["final"]
         print(f"seed {seed}: val {f['val_nats']:.4f} nats/char ({f['val_bits']:.3f} bits, "
@@ -252,6 +258,7 @@ def main(args):
         run["seed"] = seed
         run["final"] = final_metrics(loss_of, data)
         run["loss"] = _round(run["loss"])
+        run["load_average_after"] = _load_average()
         result["torch"] = run
         print(f"torch seed {seed}: val {run['final']['val_nats']:.4f} nats/char, "
               f"{run['seconds']['total']:.0f} s on {run['threads']} threads", flush=True)
