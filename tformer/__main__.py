@@ -1,4 +1,4 @@
-"""``python -m tformer run <system> [flags]``, ``generate``, ``many-processes``, ``quantize``, ``fewer-bits``, ``online-softmax``, ``ablate``, ``memory``, ``shakespeare``, ``bpe-compare``.
+"""``python -m tformer run <system> [flags]``, ``generate``, ``many-processes``, ``quantize``, ``fewer-bits``, ``online-softmax``, ``ablate``, ``memory``, ``shakespeare``, ``bpe-compare``, ``lora``.
 
 Every command is one entry of ``RUNS`` (``run SYSTEM``) or ``COMMANDS`` below, registered the same
 way: its module's ``add_arguments(parser)``, ``main(args)`` and optional ``check_args(args)``.
@@ -46,6 +46,8 @@ COMMANDS = {
                     "recipe: seeds, samples, the PyTorch twin (writes a JSON file)"),
     "bpe-compare": ("tformer.runs.bpe_compare", "TinyGPT on bytes against TinyGPT on BPE tokens "
                     "of several vocabulary sizes, in bits per byte (writes a JSON file)"),
+    "lora": ("tformer.runs.lora_experiment", "fine-tuning a Python-trained TinyGPT on Shakespeare: "
+             "full, LoRA at several ranks and targets, from scratch (writes a JSON file)"),
     "bench": ("tformer.bench.run", "training and generation against PyTorch (writes a JSON file)"),
 }
 
