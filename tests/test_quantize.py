@@ -7,7 +7,7 @@ from tformer.checkpoint import load_checkpoint, read_checkpoint
 from tformer.layers import Embedding, Linear
 from tformer.models.tinygpt import TinyGPT
 from tformer.quantize import (QuantizedEmbedding, QuantizedLinear, dequantize_tensor, int_matmul,
-                              load_quantized, quantize_model, quantize_rows, quantize_tensor,
+                              load_model, load_quantized, quantize_model, quantize_rows, quantize_tensor,
                               save_quantized)
 
 
@@ -184,7 +184,7 @@ def test_file_round_trip_is_exact(scheme, tmp_path):
     m = quantized_copy(randomized(1), scheme)
     path = save_quantized(tmp_path / "q.npz", m, step=7, extra={"note": "x"})
     fresh = tiny(seed=5)
-    meta = load_checkpoint(path, fresh)
+    meta = load_model(path, fresh)
     assert meta["step"] == 7 and meta["quantized"]["scheme"] == scheme and fresh.quantization == scheme
     for a, b in zip(m._modules(), fresh._modules()):
         assert type(a) is type(b)
@@ -204,7 +204,7 @@ def test_quantized_file_into_a_model_of_another_shape(tmp_path):
     before = other.state_dict()
     with pytest.raises(ValueError, match=r"made for another configuration \(d_ff: checkpoint 64 vs model 128, "
                                          r"d_model: checkpoint 16 vs model 32\)"):
-        load_checkpoint(path, other)
+        load_model(path, other)
     with pytest.raises(ValueError, match="layer 'wte' is a embedding of shape \\(256, 16\\) in the file, "
                                          "a embedding of shape \\(256, 32\\) in the model"):
         load_quantized(path, other, config={})          # past the config check: the shapes differ
@@ -255,7 +255,7 @@ def test_a_corrupt_quantized_file_is_refused_and_the_model_untouched(how, tmp_pa
     target = tiny(seed=8)
     before = target.state_dict()
     with pytest.raises(ValueError, match="path: .*bad.npz"):
-        load_checkpoint(bad, target)
+        load_model(bad, target)
     assert not hasattr(target, "quantization") and isinstance(target.blocks[1].attn.o, Linear)
     for k, v in target.state_dict().items():
         np.testing.assert_array_equal(v, before[k])
@@ -267,6 +267,8 @@ def test_quantized_file_refuses_optimizer_and_precision(tmp_path):
     m = tiny()
     with pytest.raises(ValueError, match="quantized checkpoint \\(inference only\\)"):
         load_checkpoint(path, m, AdamW(m))
+    with pytest.raises(ValueError, match="load it with tformer.quantize.load_model"):
+        load_checkpoint(path, m)
     with pytest.raises(ValueError, match="not quantized"):
         save_quantized(tmp_path / "x.npz", tiny())
 

@@ -4,8 +4,9 @@ The file is a NumPy ``.npz`` archive: ``model/<name>`` for every parameter, ``op
 optimizer state, and one JSON string ``meta`` with the config, the step, the optimizer's scalars,
 the mixed-precision state (the loss scaler's S and counters) and any extra JSON-able state (e.g.
 an RNG state). It is written to a temporary file in the same folder and renamed over the target,
-so a crash mid-write never leaves a half-written checkpoint. ``load_checkpoint`` also accepts the
-int8 checkpoints of ``tformer.quantize`` (their ``meta`` holds a ``quantized`` entry).
+so a crash mid-write never leaves a half-written checkpoint. The int8 checkpoints of
+``tformer.quantize`` are read with ``read_npz`` too (their ``meta`` holds a ``quantized`` entry),
+but loaded by that module (``load_model`` loads either kind): this one knows nothing above it.
 """
 import json
 import os
@@ -27,6 +28,15 @@ def config_differences(want, have):
     """The keys whose values differ between two configs (compared as JSON), ``RUNTIME_KEYS`` aside."""
     want, have = json.loads(json.dumps(dict(want))), json.loads(json.dumps(dict(have)))
     return sorted(k for k in (set(want) | set(have)) - RUNTIME_KEYS if want.get(k) != have.get(k))
+
+
+def check_config(path, want, have):
+    """ValueError listing the keys if checkpoint ``path``'s config ``have`` is not ``want`` (an
+    empty ``want`` checks nothing)."""
+    keys = config_differences(want, have) if want else []
+    if keys:
+        diff = ", ".join(f"{k}: checkpoint {have.get(k)!r} vs model {want.get(k)!r}" for k in keys)
+        raise ValueError(f"checkpoint {path!r} was made for another configuration ({diff})")
 
 
 def _rng_state(model):
@@ -136,22 +146,15 @@ def load_checkpoint(path, model, optimizer=None, config=None, precision=None):
     another configuration raises ValueError listing the keys that differ.
     ``precision``: a ``MixedPrecision`` attached to ``model``: its loss scaler continues from the
     saved state (if the run was saved in the same precision) and its copies are refreshed.
-    A quantized checkpoint (``python -m tformer quantize``) turns the model's layers into int8
-    layers (``tformer.quantize.load_quantized``); it holds no optimizer state.
+    A quantized checkpoint (``python -m tformer quantize``) is refused with a ValueError: it holds
+    no optimizer state, and ``tformer.quantize.load_model`` loads it (or a float one) for inference.
     """
     meta, model_state, optim_state = read_checkpoint(path)
     if "quantized" in meta:
-        if optimizer is not None or precision is not None:
-            raise ValueError(f"path: {path!r} is a quantized checkpoint (inference only): it "
-                             f"holds no optimizer or precision state to load")
-        from .quantize import load_quantized     # quantize builds on this module: imported here
-        return load_quantized(path, model, config)
-    want = dict(config if config is not None else getattr(model, "config", {}))
-    have = meta["config"]
-    keys = config_differences(want, have) if want else []
-    if keys:
-        diff = ", ".join(f"{k}: checkpoint {have.get(k)!r} vs model {want.get(k)!r}" for k in keys)
-        raise ValueError(f"checkpoint {path!r} was made for another configuration ({diff})")
+        raise ValueError(f"path: {path!r} is a quantized checkpoint (inference only): it holds no "
+                         f"optimizer or precision state; load it with tformer.quantize.load_model")
+    check_config(path, dict(config if config is not None else getattr(model, "config", {})),
+                 meta["config"])
     model.load_state_dict(model_state)
     if optimizer is not None:
         optimizer.load_state_dict(optim_state)

@@ -24,14 +24,14 @@ turns a trained float model into an inference-only quantized one, in place; ``sa
 and ``load_quantized`` write and read its file (a ``.npz`` archive: ``int8/<layer>.W`` and
 ``scale/<layer>.W`` for every quantized weight, ``model/<name>`` for the float parameters, and a
 JSON ``meta`` with the configuration, the scheme and the quantized layers' shapes).
-``tformer.checkpoint.load_checkpoint`` accepts such a file too.
+``load_model`` loads either kind of checkpoint, int8 or float, into a model for inference.
 """
 import json
 
 import numpy as np
 
 from ._validate import float_array, int_array, index_range
-from .checkpoint import config_differences, read_npz, write_npz
+from .checkpoint import check_config, load_checkpoint, read_checkpoint, read_npz, write_npz
 from .layers import Embedding, Linear, Module
 
 QMAX = 127
@@ -264,12 +264,8 @@ def load_quantized(path, model, config=None):
     scheme = info.get("scheme")
     if scheme not in SCHEMES:
         raise _bad(path, f"scheme {scheme!r} is not one of {list(SCHEMES)}")
-    want = json.loads(json.dumps(dict(config if config is not None else getattr(model, "config", {}))))
-    have = meta.get("config", {})
-    keys = config_differences(want, have) if want else []
-    if keys:
-        diff = ", ".join(f"{k}: checkpoint {have.get(k)!r} vs model {want.get(k)!r}" for k in keys)
-        raise ValueError(f"checkpoint {path!r} was made for another configuration ({diff})")
+    check_config(path, dict(config if config is not None else getattr(model, "config", {})),
+                 meta.get("config", {}))
     targets = {t[0]: t for t in _quantizable(model)}
     layers = info.get("layers", {})
     if set(layers) != set(targets):
@@ -316,3 +312,12 @@ def load_quantized(path, model, config=None):
     object.__setattr__(model, "quantization", scheme)
     model.eval()
     return meta
+
+
+def load_model(path, model, config=None):
+    """Load checkpoint ``path`` into ``model`` for inference, whichever kind it is: an int8 one
+    (``load_quantized``) or a float one (``tformer.checkpoint.load_checkpoint``). Returns the
+    metadata dict."""
+    if "quantized" in read_checkpoint(path)[0]:
+        return load_quantized(path, model, config)
+    return load_checkpoint(path, model, config=config)

@@ -17,7 +17,7 @@ every step (to float32 rounding).
 import statistics
 import time
 
-from .training import VOCAB
+from .workload import VOCAB
 
 CONFIG = dict(d_model=256, n_heads=8, n_layers=4)           # the medium size of training.SIZES
 

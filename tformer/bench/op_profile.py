@@ -100,7 +100,7 @@ def instrument(prof):
 def profile_step(model, opt, x, y, steps=3, warmup=1, clock="wall"):
     """Profile ``steps`` training steps; returns ``(rows, step_seconds)`` with rows
     ``(name, ms per step, calls per step, fraction of the step)`` sorted by time, largest first."""
-    from .training import tformer_step_fn
+    from .workload import tformer_step_fn
     step = tformer_step_fn(model, opt, x, y)
     for _ in range(warmup):
         step()
@@ -139,7 +139,7 @@ def group(rows):
 def build(size):
     """A float32 TinyGPT of a benchmark size, its AdamW, and one batch ``(x, y)``."""
     from ..optim import AdamW
-    from .training import OPT, SIZES, batch, tinygpt
+    from .workload import OPT, SIZES, batch, tinygpt
     s = SIZES[size]
     model = tinygpt(size)
     x, y = batch(s["B"], s["T"])

@@ -13,14 +13,8 @@ built. For tformer the ``tracemalloc`` peak of one step (NumPy reports its buffe
 import time
 
 from ..rss import reset_peak, status_bytes
+from .workload import OPT, SIZES, VOCAB, batch, tformer_step_fn, tinygpt  # noqa: F401 (re-exported)
 
-SIZES = {
-    "small": dict(d_model=64, n_heads=4, n_layers=2, T=64, B=32),
-    "medium": dict(d_model=256, n_heads=8, n_layers=4, T=128, B=16),
-    "large": dict(d_model=512, n_heads=8, n_layers=4, T=256, B=8),
-}
-VOCAB = 256
-OPT = dict(lr=3e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 TARGET_RATIO, TARGET_PEAK = 1.0, 0.40
 MALLOC_TUNED = {"MALLOC_TRIM_THRESHOLD_": str(1 << 30), "MALLOC_MMAP_THRESHOLD_": str(32 << 20)}
 
@@ -28,32 +22,6 @@ MALLOC_TUNED = {"MALLOC_TRIM_THRESHOLD_": str(1 << 30), "MALLOC_MMAP_THRESHOLD_"
 def status_kb(key):
     """``/proc/self/status`` entry ``key`` in kB (``tformer.rss``), 0 where it is unknown."""
     return (status_bytes(key) or 0) // 1024
-
-
-def batch(B, T, seed=0):
-    import numpy as np
-    tok = np.random.default_rng(seed).integers(0, VOCAB, (B, T + 1))
-    return tok[:, :-1].copy(), tok[:, 1:].copy()                        # (B, T) inputs, targets
-
-
-def tinygpt(size, dtype="float32"):
-    from ..models.tinygpt import TinyGPT
-    s = SIZES[size]
-    return TinyGPT(d_model=s["d_model"], n_heads=s["n_heads"], n_layers=s["n_layers"], max_len=s["T"],
-                   vocab_size=VOCAB, seed=0, dtype=dtype)
-
-
-def tformer_step_fn(model, opt, x, y):
-    from .. import functional as F
-
-    def step():
-        model.zero_grad()
-        logits = model.forward(x)                                       # (B, T, V)
-        loss, dlogits = F.cross_entropy(logits, y)
-        model.backward(dlogits)
-        opt.step()
-        return loss
-    return step
 
 
 def torch_step_fn(tm, opt, x, y):

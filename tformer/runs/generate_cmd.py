@@ -5,10 +5,11 @@ are loaded; the prompt is UTF-8 encoded into bytes, the model's tokens.
 """
 import sys
 
-from ..checkpoint import load_checkpoint, read_checkpoint
+from ..checkpoint import read_checkpoint
 from ..data.text import decode, encode
 from ..generate import sample
 from ..models.tinygpt import TinyGPT
+from ..quantize import load_model
 from .tinygpt import DEFAULT_CHECKPOINT
 from .flags import UsageError, nonnegative_float, nonnegative_int
 
@@ -45,7 +46,7 @@ def load_tinygpt(path):
     model = TinyGPT(**{k: config[k] for k in _MODEL_KEYS}, **modern)
     # The model is built from the stored config; an older one is compared on the keys it has.
     older = any(k not in config for k in modern)
-    meta = load_checkpoint(path, model, config={k: model.config.get(k) for k in config} if older else None)
+    meta = load_model(path, model, config={k: model.config.get(k) for k in config} if older else None)
     return model, meta
 
 
