@@ -40,7 +40,8 @@ LAYERS = [
     ("commands", ["tformer.runs", "tformer.runs.flags", "tformer.runs.fits",
                   "tformer.runs.attention", "tformer.runs.transformer2", "tformer.runs.encoder",
                   "tformer.runs.transformer", "tformer.runs.tinygpt", "tformer.runs.generate_cmd",
-                  "tformer.runs.quantize_cmd", "tformer.runs.lora_train"]),
+                  "tformer.runs.quantize_cmd", "tformer.runs.lora_train",
+                  "tformer.runs.finetune"]),
     ("experiments and bench", ["tformer.runs.*", "tformer.bench", "tformer.bench.*"]),
     ("entry point", ["tformer.__main__"]),
 ]

@@ -7,8 +7,9 @@ from tformer import functional as F
 from tformer import parallel, replicas
 from tformer.gradcheck import check_module, numerical_grad
 from tformer.layers import Linear
-from tformer.lora import Adapters, LoRALinear, apply_lora, merge_lora, resolve_targets
-from tformer.lora_file import fingerprint, load_adapter, save_adapter
+from tformer.lora import (Adapters, LoRALinear, apply_lora, fingerprint, merge_lora,
+                          resolve_targets)
+from tformer.lora_file import load_adapter, save_adapter
 from tformer.models.tinygpt import TinyGPT
 from tformer.optim import AdamW, clip_grad_norm
 

@@ -14,6 +14,7 @@ of C_in C_out. The backward pass never forms dW; it needs
 which leaves a plain model again. The adapter file (A, B, r, α, targets and the base model's
 fingerprint) is ``tformer.lora_file``.
 """
+import hashlib
 import math
 
 import numpy as np
@@ -186,6 +187,23 @@ def merge_lora(model):
     return model
 
 
+def base_parameters(model):
+    """``[(name, array)]``: the parameters of ``model`` that are not LoRA adapters (each once)."""
+    adapters = {id(m.params[k]) for m in model._modules() if isinstance(m, LoRALinear)
+                for k in ("A", "B")}
+    return [(n, p) for n, p, _ in model._unique_parameters() if id(p) not in adapters]
+
+
+def fingerprint(model):
+    """SHA-256 (hex) of the base parameters of ``model``: shapes and float32 bytes, in order.
+    The same before and after adapters are added (the base weights keep their bits)."""
+    h = hashlib.sha256()
+    for _, p in base_parameters(model):
+        h.update(str(p.shape).encode())
+        h.update(np.ascontiguousarray(p, dtype=np.float32).tobytes())
+    return h.hexdigest()
+
+
 class Adapters:
     """The trainable part of a model with LoRA adapters: its A and B, nothing else.
 
@@ -194,8 +212,8 @@ class Adapters:
     ``state_dict()`` / ``load_state_dict()`` (a fine-tuning checkpoint) hold them alone. Anything
     else (``forward``, ``backward``, ``zero_grad``, ``train``, ``eval``, ``config``, ...) is the
     model's. ``config`` adds the adapters' ``lora`` entry to the model's, so a checkpoint of
-    other adapters is refused. ``flat_buffers()`` is None: the optimizer updates A and B one
-    array at a time (a few dozen small arrays).
+    other adapters, or of adapters trained on another base, is refused. ``flat_buffers()`` is
+    None: the optimizer updates A and B one array at a time (a few dozen small arrays).
     """
 
     def __init__(self, model):
@@ -222,9 +240,11 @@ class Adapters:
 
     @property
     def config(self):
+        """The model's config and ``lora``: r, α, targets and the base model's fingerprint."""
         cfg = dict(getattr(self.model, "config", {}))
         lora = self.model.lora
-        cfg["lora"] = {k: lora[k] for k in ("r", "alpha", "targets")}
+        cfg["lora"] = {**{k: lora[k] for k in ("r", "alpha", "targets")},
+                       "base_fingerprint": fingerprint(self.model)}
         return cfg
 
     def state_dict(self):

@@ -8,33 +8,15 @@ its shape). A few kilobytes where the model is megabytes; loading it onto any ot
 (another seed, other training, other shape) is refused, since A and B only mean something as an
 update of the W they were trained against.
 """
-import hashlib
 import json
 
 import numpy as np
 
 from .checkpoint import read_npz, write_npz
-from .lora import Adapters, LoRALinear, apply_lora
+from .lora import Adapters, apply_lora, fingerprint
 
 FORMAT = "tformer-lora-adapter"
 VERSION = 1
-
-
-def base_parameters(model):
-    """``[(name, array)]``: the parameters of ``model`` that are not LoRA adapters (each once)."""
-    adapters = {id(m.params[k]) for m in model._modules() if isinstance(m, LoRALinear)
-                for k in ("A", "B")}
-    return [(n, p) for n, p, _ in model._unique_parameters() if id(p) not in adapters]
-
-
-def fingerprint(model):
-    """SHA-256 (hex) of the base parameters of ``model``: shapes and float32 bytes, in order.
-    The same before and after adapters are added (the base weights keep their bits)."""
-    h = hashlib.sha256()
-    for _, p in base_parameters(model):
-        h.update(str(p.shape).encode())
-        h.update(np.ascontiguousarray(p, dtype=np.float32).tobytes())
-    return h.hexdigest()
 
 
 def save_adapter(path, model):

@@ -10,6 +10,7 @@ from ..data.text import decode, encode
 from ..generate import sample
 from ..models.tinygpt import TinyGPT
 from ..quantize import load_model
+from . import finetune
 from .tinygpt import DEFAULT_CHECKPOINT
 from .flags import UsageError, nonnegative_float, nonnegative_int
 
@@ -31,6 +32,7 @@ def add_arguments(p):
     p.add_argument("--top-p", type=float, default=None, help="sample only from the nucleus of mass p")
     p.add_argument("--seed", type=int, default=0, help="seed of the draws: the same seed, the same text")
     p.add_argument("--no-cache", action="store_true", help="recompute everything at every step")
+    finetune.add_generate_arguments(p)
 
 
 def load_tinygpt(path):
@@ -62,6 +64,7 @@ def main(args):
     except (OSError, ValueError) as e:                   # missing, not a checkpoint, not TinyGPT's
         raise UsageError(f"--checkpoint: expected a checkpoint saved by `python -m tformer run "
                          f"tinygpt`, got {args.checkpoint!r}: {str(e).removeprefix('path: ')}") from None
+    model = finetune.load_generate_adapter(args, model)     # --adapter: LoRA, merged
     prompt = encode(args.prompt)
     out = sample(model, prompt[None, :], args.max_new_tokens, temperature=args.temperature,
                  top_k=args.top_k, top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache)

@@ -29,6 +29,7 @@ from ..models.tinygpt import TinyGPT
 from ..optim import AdamW, cosine_with_warmup
 from ..precision import PRECISIONS, precision_policy
 from ..train import train
+from . import finetune
 from .fits import check_fits
 from .flags import (heads_divide, nonnegative_float, nonnegative_int, positive_float,
                     positive_int, probability, resumed_steps, text_file)
@@ -105,12 +106,14 @@ def add_arguments(p):
                         "'ROMEO:\\n' for shakespeare)")
     g.add_argument("--sample-tokens", type=positive_int, default=200, help="bytes per sample")
     g.add_argument("--temperatures", default="0.7,0.8,1.0", help="comma-separated temperatures")
+    finetune.add_arguments(p)
 
 
 def check_args(args):
     """The flags that must agree (ValueError naming them): ``--n-heads`` divides ``--d-model``,
     ``--n-kv-heads`` divides ``--n-heads``, ``--val-fraction`` holds something out, ``--text`` is
     a file long enough for ``--max-len``, and the run fits in memory (``tformer.runs.fits``)."""
+    finetune.check_args(args)                  # --base sets the model's shape: first
     heads_divide(args.d_model, args.n_heads)
     if args.n_kv_heads is not None and args.n_heads % args.n_kv_heads:
         raise ValueError(f"--n-kv-heads: must divide --n-heads = {args.n_heads}, "
@@ -190,6 +193,7 @@ def main(args):
                     norm_position=args.norm_position,
                     gradient_checkpointing=args.gradient_checkpointing,
                     blocks_per_segment=args.blocks_per_segment)
+    model = finetune.prepare(args, model)      # --base weights; with --lora, the adapters alone
     precision = precision_policy(model, args.precision, args.init_scale)
     dp = DataParallel(model, world, zero=args.zero) if world.size > 1 or args.zero else None
 
@@ -240,6 +244,7 @@ def main(args):
                  "batch_size": args.batch_size,
                  "val_fraction": args.val_fraction, "seed": args.seed,
                  "eval_windows": args.eval_windows}})
+    finetune.finish(args, model)               # --lora: the adapter file
     if not world.is_root:                                    # rank 0 alone prints the samples
         return 0 if math.isfinite(final["val_bpb"]) else 1
     print(f"validation: {final['val_bpb']:.3f} bits/byte vs unigram entropy {H:.3f} bits/byte: "

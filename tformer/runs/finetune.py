@@ -1,0 +1,135 @@
+"""Fine-tuning flags of ``python -m tformer run tinygpt``, and ``generate --adapter``.
+
+``--base CHECKPOINT`` starts from a trained TinyGPT instead of a random one (its shape comes from
+the checkpoint, whatever the model flags say); alone, every parameter is trained (full
+fine-tuning). ``--lora R`` trains rank-R adapters on the layers named by ``--lora-targets``
+(``tformer.lora``) and nothing else: the optimizer, the gradient clipping and ``--checkpoint``
+(which ``--resume`` continues) hold the adapters only, and at the end ``--adapter`` receives the
+adapter file (``tformer.lora_file``: A, B, r, α, the targets and the base's fingerprint).
+``python -m tformer generate --checkpoint BASE --adapter FILE`` puts the adapters on their base,
+merges them (W ← W + s A B) and samples at the base model's speed.
+"""
+import os
+
+from ..checkpoint import load_checkpoint, read_checkpoint
+from ..lora import Adapters, apply_lora, fingerprint, merge_lora
+from ..lora_file import load_adapter, save_adapter
+from .flags import UsageError, positive_float, positive_int
+
+# What --base sets from the base checkpoint's config: the model's shape and block.
+SHAPE_FLAGS = {"d_model": "d_model", "n_heads": "n_heads", "n_layers": "n_layers",
+               "max_len": "max_len", "d_ff": "d_ff", "norm": "norm", "positions": "positions",
+               "mlp": "mlp", "n_kv_heads": "n_kv_heads", "tie_embeddings": "tie_embeddings",
+               "norm_position": "norm_position"}
+LORA_CHECKPOINT = "checkpoints/tinygpt-lora.npz"
+
+
+def add_arguments(p):
+    g = p.add_argument_group("fine-tuning (LoRA)")
+    g.add_argument("--base", metavar="CHECKPOINT", default=None,
+                   help="start from this TinyGPT checkpoint (its shape replaces the model flags); "
+                        "without --lora every parameter is trained")
+    g.add_argument("--lora", metavar="R", type=positive_int, default=None,
+                   help="train only rank-R LoRA adapters on --lora-targets of the --base model")
+    g.add_argument("--lora-alpha", type=positive_float, default=None,
+                   help="α of the adapters' scale s = α / R (default R: s = 1)")
+    g.add_argument("--lora-targets", default="attn",
+                   help="comma-separated layer names: qkv, o, fc1, fc2, lm_head, or the groups "
+                        "attn (qkv, o), mlp (fc1, fc2), all (every linear layer)")
+    g.add_argument("--adapter", metavar="FILE", default=None,
+                   help="with --lora: where to write the adapter file (default: --checkpoint with "
+                        ".adapter.npz)")
+
+
+def check_args(args):
+    """``--lora`` needs ``--base``, fp32 and no ``--zero``; ``--base`` must be a TinyGPT
+    checkpoint, and its shape becomes the run's; the run's ``--checkpoint`` is never the base."""
+    if args.lora is None:
+        for flag, value in (("--lora-alpha", args.lora_alpha), ("--adapter", args.adapter)):
+            if value is not None:
+                raise ValueError(f"{flag}: applies to LoRA fine-tuning; expected --lora R too")
+    if args.base is None:
+        if args.lora is not None:
+            raise ValueError(f"--lora: fine-tunes a trained model; expected --base CHECKPOINT, "
+                             f"got --lora {args.lora} alone")
+        return
+    try:
+        config = read_checkpoint(args.base)[0]["config"]
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--base: expected a checkpoint saved by `python -m tformer run tinygpt`, "
+                         f"got {args.base!r}: {str(e).removeprefix('path: ')}") from None
+    missing = [k for k in SHAPE_FLAGS if k not in config]
+    if missing:
+        raise ValueError(f"--base: expected a TinyGPT checkpoint, got {args.base!r} (its config "
+                         f"lacks {missing})")
+    for key, dest in SHAPE_FLAGS.items():
+        setattr(args, dest, config[key])
+    if args.lora is not None:
+        if args.precision != "fp32":
+            raise ValueError(f"--precision: LoRA fine-tuning runs in fp32, got {args.precision}")
+        if args.zero:
+            raise ValueError("--zero: shards a full optimizer state; LoRA's is a few kilobytes, "
+                             "expected no --zero with --lora")
+        if args.checkpoint == "checkpoints/tinygpt.npz":         # the run's default: not the base's
+            args.checkpoint = LORA_CHECKPOINT
+        if args.adapter is None:
+            args.adapter = os.path.splitext(args.checkpoint)[0] + ".adapter.npz"
+    if os.path.abspath(args.checkpoint) == os.path.abspath(args.base):
+        raise ValueError(f"--checkpoint: expected another file than --base (the run would "
+                         f"overwrite its base model), got {args.checkpoint!r}")
+
+
+def targets(text):
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def prepare(args, model):
+    """The model with the ``--base`` weights (and adapters with ``--lora``); returns what the
+    optimizer trains: ``model`` itself, or its ``Adapters``."""
+    if args.base is None:
+        return model
+    load_checkpoint(args.base, model)
+    print(f"base model: {args.base} (fingerprint {fingerprint(model)[:12]})")
+    if args.lora is None:
+        return model
+    from ..distributed import get_world
+    if get_world().size > 1:
+        raise UsageError("--lora: runs in one process (the adapters' gradients are a few "
+                         "kilobytes); expected no mpiexec")
+    try:
+        layers = apply_lora(model, args.lora, args.lora_alpha, targets(args.lora_targets),
+                            seed=args.seed)
+    except ValueError as e:
+        raise UsageError(f"--lora-targets: {str(e).removeprefix('targets: ')}") from None
+    view = Adapters(model)
+    print(f"LoRA: r={args.lora}, α={model.lora['alpha']:g} on {len(layers)} layers "
+          f"({args.lora_targets}): {view.num_trainable():,} trained parameters of "
+          f"{model.num_parameters():,}")
+    return view
+
+
+def finish(args, model):
+    """With ``--lora``: write the adapter file ``--adapter``."""
+    if args.lora is not None:
+        path = save_adapter(args.adapter, model)
+        print(f"adapter: {path} ({os.path.getsize(path):,} bytes)")
+
+
+def add_generate_arguments(p):
+    p.add_argument("--adapter", metavar="FILE", default=None,
+                   help="a LoRA adapter file (run tinygpt --lora) trained on --checkpoint: "
+                        "loaded onto it and merged")
+
+
+def load_generate_adapter(args, model):
+    """``generate --adapter``: the adapters on ``model`` (the base), merged. UsageError naming
+    ``--adapter`` if the file is not one or was trained on another base model."""
+    if getattr(args, "adapter", None) is None:
+        return model
+    try:
+        load_adapter(args.adapter, model)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--adapter: expected a LoRA adapter file trained on --checkpoint "
+                         f"{args.checkpoint!r}, got {args.adapter!r}: "
+                         f"{str(e).removeprefix('path: ')}") from None
+    return merge_lora(model)
