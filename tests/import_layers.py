@@ -42,7 +42,8 @@ LAYERS = [
                   "tformer.runs.transformer", "tformer.runs.tinygpt", "tformer.runs.generate_cmd",
                   "tformer.runs.quantize_cmd", "tformer.runs.lora_train",
                   "tformer.runs.finetune"]),
-    ("experiments and bench", ["tformer.runs.*", "tformer.bench", "tformer.bench.*"]),
+    ("experiments and bench", ["tformer.provenance", "tformer.runs.*", "tformer.bench",
+                               "tformer.bench.*"]),
     ("entry point", ["tformer.__main__"]),
 ]
 

@@ -74,7 +74,7 @@ def test_cli_writes_the_record_and_resumes(text, tmp_path, capsys):
     for key in ("command", "commit", "machine", "python", "numpy", "load_average_start",
                 "load_average_end", "started", "finished", "wall_seconds", "corpus_fingerprint"):
         assert key in res, key
-    assert res["command"].startswith("python -m tformer ablate ")
+    assert res["command"].startswith("python -m tformer ablate")
     assert res["config"]["steps"] == 6 and res["config"]["seeds"] == [0, 1]
     assert set(res["runs"]) == {"baseline", "rope", "post-norm, high lr"}
     for name, rs in res["runs"].items():

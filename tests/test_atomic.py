@@ -71,3 +71,11 @@ def test_the_folder_is_synced_after_the_rename(tmp_path, monkeypatch):
                                                            real_fsync_folder(d)))
     write_json(tmp_path / "r.json", {"a": 1})
     assert events == ["replace", ("fsync", str(tmp_path))]
+
+
+def test_jsonable_turns_numpy_numbers_and_non_finite_floats_into_json():
+    import numpy as np
+    from tformer.atomic import jsonable
+    out = jsonable({1: (np.float32(0.5), np.int64(3), float("nan"), -np.inf), "x": [np.nan]})
+    assert out == {"1": [0.5, 3, None, None], "x": [None]}
+    assert type(out["1"][1]) is int and json.dumps(out, allow_nan=False)

@@ -18,6 +18,7 @@ unrelated process keeps its stale file until that process ends (kept, never a li
 import contextlib
 import errno
 import json
+import math
 import os
 import socket
 import tempfile
@@ -96,6 +97,20 @@ def atomic_open(path, mode="w", **kwargs):
             os.remove(tmp)
         raise
     fsync_folder(folder)
+
+
+def jsonable(x):
+    """``x`` with NumPy numbers as Python's, tuples as lists, NaN and ±inf as None (JSON has
+    neither): the form a result file or a run log stores."""
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if hasattr(x, "item") and getattr(x, "ndim", None) == 0:          # a NumPy scalar
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
 
 
 def write_json(path, data):

@@ -11,10 +11,9 @@ the target, so a reader never sees half a file, even while a run rewrites it at 
 import csv
 import io
 import json
-import math
 import os
 
-from .atomic import atomic_open
+from .atomic import atomic_open, jsonable
 
 STEP_KEYS = ("step", "loss", "lr", "grad_norm", "clip_ratio", "time", "loss_scale")
 
@@ -36,18 +35,9 @@ def history_rows(hist):
     return sorted(rows, key=lambda r: r["step"])
 
 
-def _clean(v):
-    """A JSON-able scalar: NumPy numbers as Python's, NaN and inf as None."""
-    if hasattr(v, "item"):
-        v = v.item()
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    return v
-
-
 def format_history(hist, fmt):
     """The text of the history in ``fmt`` (``"csv"`` or ``"jsonl"``)."""
-    rows = [{k: _clean(v) for k, v in row.items()} for row in history_rows(hist)]
+    rows = [jsonable(row) for row in history_rows(hist)]
     if fmt == "jsonl":
         return "".join(json.dumps(row) + "\n" for row in rows)
     if fmt != "csv":

@@ -26,16 +26,15 @@ PyTorch: every core), which is what a user gets. ``--threads N`` sets all of the
 The result, with the command line, the commit, the machine, the date and the load, is written
 atomically to ``--out`` (default ``book/data/bench.json``, which chapter 20 reads).
 """
-import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from .. import provenance
 from ..atomic import write_json
 from . import training
 from .training import MALLOC_TUNED, SIZES, TARGET_PEAK, TARGET_RATIO, VOCAB
@@ -226,17 +225,10 @@ def verdict(results):
 
 
 def machine():
-    """What the numbers were measured on."""
-    model = None
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None)
-    except OSError:
-        pass
+    """What the numbers were measured on (``tformer.provenance.machine``) and the cores this
+    process may use."""
     from ..parallel import available_cores
-    return dict(platform=platform.platform(), cpu=model or platform.processor(),
-                cpu_count=os.cpu_count(), available_cores=available_cores(),
-                python=platform.python_version())
+    return dict(provenance.machine(), available_cores=available_cores())
 
 
 def _check(a):
@@ -267,13 +259,9 @@ def main(a):
     if not use_torch and not a.no_torch:
         print("PyTorch is not installed (pip install torch==2.13.0, the CPU build): tformer alone.")
     t_start = time.perf_counter()
-    from ..runs.fewer_bits import git_commit
-    commit, dirty = git_commit()
-    results = dict(command="python -m tformer bench " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["bench"]
-                                                                else sys.argv[1:]),
-                   commit=commit, dirty=dirty,
-                   date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                   machine=machine(), threads=a.threads or "default", malloc=a.malloc, rounds=a.rounds,
+    rec = provenance.record("bench")
+    results = dict(command=rec["command"], commit=rec["commit"], dirty=rec["dirty"],
+                   date=rec["date"], machine=machine(), threads=a.threads or "default", malloc=a.malloc, rounds=a.rounds,
                    steps=a.steps, min_time=a.min_time, warmup=a.warmup,
                    loadavg_start=list(os.getloadavg()),
                    generation_config=dict(batches=batches, new=a.gen_new, prompt=a.gen_prompt,

@@ -25,7 +25,6 @@ import json
 import math
 import os
 import platform
-import sys
 import time
 from datetime import datetime, timezone
 
@@ -38,12 +37,11 @@ from ..models.tinygpt import TinyGPT
 from ..modern_layers import swiglu_hidden
 from ..optim import AdamW, cosine_with_warmup
 from ..progress import progress
+from ..provenance import record
 from ..train import NonFiniteLossError, train
-from .many_processes import git_commit
-from .online_softmax import machine
 
 DEFAULT_OUT = "book/data/modern_ablation.json"
-SESSION_KEYS = ("command", "commit", "machine", "python", "numpy", "blas_threads", "load_average_start",
+SESSION_KEYS = ("command", "commit", "dirty", "machine", "python", "numpy", "blas_threads", "load_average_start",
                 "load_average_end", "started", "finished", "wall_seconds")
 CONFIG_KEYS = ("d_model", "n_heads", "n_layers", "max_len", "batch_size", "steps", "lr", "high_lr",
                "min_lr_ratio", "warmup", "weight_decay", "clip", "eval_every", "eval_windows",
@@ -221,8 +219,9 @@ def main(args):
         else:
             print(f"--resume: {args.out} was made with another configuration; starting afresh")
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    meta = {"command": "python -m tformer ablate " + " ".join(sys.argv[2:]), "commit": git_commit(),
-            "machine": dict(machine(), cores=os.cpu_count()), "python": platform.python_version(),
+    rec = record("ablate")
+    meta = {"command": rec["command"], "commit": rec["commit"], "dirty": rec["dirty"],
+            "machine": dict(rec["machine"], cores=os.cpu_count()), "python": platform.python_version(),
             "numpy": np.__version__, "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
             "load_average_start": list(os.getloadavg()), "started": started}
     documents = None if config["text"] else stdlib_documents()

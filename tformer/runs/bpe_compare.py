@@ -23,8 +23,6 @@ import json
 import math
 import os
 import platform
-import subprocess
-import sys
 import time
 from datetime import datetime, timezone
 
@@ -39,9 +37,9 @@ from ..models.tinygpt import TinyGPT
 from ..optim import AdamW
 from ..parallel import get_num_threads
 from ..progress import progress
+from ..provenance import record
 from ..schedules import cosine_with_warmup
 from ..train import train
-from .online_softmax import machine
 
 DEFAULT_OUT = "book/data/bpe.json"
 CONFIG_KEYS = ("vocab_sizes", "seeds", "d_model", "n_heads", "n_layers", "max_len", "batch_size",
@@ -95,15 +93,6 @@ def check_args(args):
         raise ValueError(f"--val-fraction: expected a value in (0, 1), got {args.val_fraction}")
     if args.warmup >= args.steps:
         raise ValueError(f"--warmup: expected fewer steps than --steps {args.steps}, got {args.warmup}")
-
-
-def git_commit(repo):
-    """The commit checked out in ``repo`` (git run there, whatever the current folder), or None."""
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def documents(config):
@@ -209,9 +198,9 @@ def main(args):
     check_args(args)
     config = {k: getattr(args, k) for k in CONFIG_KEYS}
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    meta = {"command": "python -m tformer bpe-compare " + " ".join(sys.argv[2:]),
-            "commit": git_commit(repo), "machine": dict(machine(), cores=os.cpu_count()),
+    rec = record("bpe-compare")
+    meta = {"command": rec["command"], "commit": rec["commit"], "dirty": rec["dirty"],
+            "machine": dict(rec["machine"], cores=os.cpu_count()),
             "python": platform.python_version(), "numpy": np.__version__,
             "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
             "tformer_threads": get_num_threads(),

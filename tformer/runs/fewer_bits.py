@@ -16,7 +16,6 @@ import argparse
 import os
 import platform
 import statistics
-import subprocess
 import tempfile
 import time
 import tracemalloc
@@ -26,13 +25,14 @@ import numpy as np
 from .. import functional as F
 from .. import parallel
 from .._dtypes import bfloat16, float16, matmul
-from ..atomic import write_json
+from ..atomic import jsonable, write_json
 from ..checkpoint import save_checkpoint
 from ..data.text import encode
 from ..generate import sample
 from ..models.tinygpt import TinyGPT
 from ..optim import AdamW, clip_grad_norm, cosine_with_warmup
 from ..precision import precision_policy
+from ..provenance import record
 from ..quantize import quantize_model, save_quantized
 from ..train import train
 from . import tinygpt
@@ -254,42 +254,17 @@ def quantization(model, args, workdir, gen_tokens):
     return res
 
 
-def _clean(x):
-    """JSON without NaN: NaN -> None, NumPy scalars -> Python numbers, tuples -> lists."""
-    if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    if isinstance(x, (float, np.floating)):
-        return None if x != x else float(x)
-    if isinstance(x, np.integer):
-        return int(x)
-    return x
-
-
-def git_commit():
-    """``(commit, dirty)`` of the repository this package lives in, or ``(None, None)``."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
-                                text=True, check=True).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                                    cwd=root, capture_output=True, text=True, check=True).stdout.strip())
-        return commit, dirty
-    except (OSError, subprocess.CalledProcessError):
-        return None, None
-
-
 def main(args):
     t0 = time.perf_counter()
     base = run_args([] if args.steps is None else ["--steps", str(args.steps)])
     config = {k: v for k, v in vars(base).items()
               if k not in ("checkpoint", "no_progress", "prompt", "sample_tokens", "temperatures",
                            "precision")}
-    commit, dirty = git_commit()
-    result = {"command": "python -m tformer fewer-bits", "config": config, "commit": commit,
-              "dirty": dirty, "python": platform.python_version(), "numpy": np.__version__,
-              "machine": platform.machine(),
+    rec = record("fewer-bits")
+    result = {"command": rec["command"], "config": config, "commit": rec["commit"],
+              "dirty": rec["dirty"], "python": platform.python_version(), "numpy": np.__version__,
+              "machine": platform.machine(), "machine_info": rec["machine"],
+              "load_average": rec["load_average"], "date": rec["date"],
               "threads": {**{v: os.environ.get(v)
                              for v in ("OPENBLAS_NUM_THREADS", "TFORMER_NUM_THREADS")},
                           "tformer": parallel.get_num_threads()},
@@ -325,7 +300,7 @@ def main(args):
     with tempfile.TemporaryDirectory() as work:
         result["quantization"] = quantization(fp32_model, argsets["fp32"], work, args.gen_tokens)
     result["seconds"] = time.perf_counter() - t0
-    write_json(args.out, _clean(result))
+    write_json(args.out, jsonable(result))
     q = result["quantization"]
     print(f"quantized: w8 {q['w8_bytes']:,} bytes ({100 * q['w8_bytes'] / q['float32_weights_bytes']:.1f}% "
           f"of float32), val {q['val_bpb']['w8']:.4f}; w8a8 val {q['val_bpb']['w8a8']:.4f}; "

@@ -30,6 +30,7 @@ from ..data.text import TextData, bits_per_byte, evaluate_loss
 from ..distributed import DataParallel, get_world, launch, local_slice
 from ..models.tinygpt import TinyGPT
 from ..optim import AdamW, cosine_with_warmup
+from ..provenance import record
 from ..train import train
 
 DEFAULT_OUT = "book/data/many_processes.json"
@@ -161,14 +162,6 @@ def run_job(spec, n):
         os.remove(path)
 
 
-def git_commit():
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def fit_line(lengths, seconds):
     """``(a, b)`` of t = a + b·N, least squares on the *relative* residuals (weights 1/t), so that
     the microsecond latencies of small buffers count as much as the milliseconds of large ones."""
@@ -189,7 +182,7 @@ def speed_summary(runs, warm=3):
 def main(args):
     if args.worker is not None:
         return worker(json.loads(args.worker))
-    t0 = time.perf_counter()
+    t0, provenance = time.perf_counter(), record("many-processes")
     lengths = [int(n) for n in args.lengths.split(",")]
     ar = run_job({"kind": "allreduce", "lengths": lengths, "reps": args.reps}, 2)["seconds"]
     a, b = fit_line(lengths, ar)
@@ -218,8 +211,8 @@ def main(args):
     for n, c in curves.items():
         print(f"loss curve, {n} process(es): final loss {c['loss'][-1]:.4f}, val {c['val_bpb']:.4f} bits/byte")
     result = {
-        "command": "python -m tformer many-processes " + " ".join(sys.argv[2:]),
-        "commit": git_commit(), "config": {k: v for k, v in vars(args).items() if k not in ("func", "worker")},
+        **provenance,
+        "config": {k: v for k, v in vars(args).items() if k not in ("func", "worker")},
         "threads_per_process": 1, "curve_config": dict(CURVE, steps=args.curve_steps),
         "allreduce": {"processes": 2, "dtype": "float32", "lengths": lengths, "seconds": ar,
                       "fit": {"a_seconds": a, "b_seconds_per_number": b}},

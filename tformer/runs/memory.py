@@ -21,13 +21,13 @@ part records the command, the git commit, the machine, the date and the load ave
 """
 import json
 import os
-import subprocess
-import sys
 import time
 
 from ..atomic import write_json
 from ..rss import reset_peak, status_bytes
+from ..provenance import record
 from .flags import nonnegative_int, positive_int
+from .fresh import run_fresh
 
 DEFAULT_OUT = "book/data/fitting_in_memory.json"
 SHAPE = dict(B=8, d_model=128, n_heads=4, vocab_size=256)
@@ -149,16 +149,8 @@ def overhead_part(args):
 
 
 def fresh(probe_name, **cfg):
-    """``probe_name(**cfg)`` of this module in a fresh Python process (one thread everywhere)."""
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-               TFORMER_NUM_THREADS="1")
-    code = (f"import json, sys; from tformer.runs.memory import {probe_name}; "
-            f"print(json.dumps({probe_name}(**json.loads(sys.argv[1]))))")
-    out = subprocess.run([sys.executable, "-c", code, json.dumps(cfg)], env=env,
-                         capture_output=True, text=True, check=False)
-    if out.returncode != 0:
-        raise RuntimeError(f"{probe_name} {cfg} failed:\n{out.stderr}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    """``probe_name(**cfg)`` of this module in a fresh Python process (``tformer.runs.fresh``)."""
+    return run_fresh(__name__, probe_name, **cfg)
 
 
 def measure(T, L, k, reps=3, **shape):
@@ -171,13 +163,10 @@ def measure(T, L, k, reps=3, **shape):
     return row
 
 
-def context(argv):
-    """What every part records: the command, the commit, the machine, the date, the load."""
-    from .many_processes import git_commit
-    from .online_softmax import machine
-    return {"command": "python -m tformer " + " ".join(argv), "commit": git_commit(),
-            "machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-            "load_average": list(os.getloadavg()), "cpus": os.cpu_count()}
+def context():
+    """What every part records (``tformer.provenance``): the command, the commit, the machine,
+    the date, the load, the cores."""
+    return dict(record("memory"), cpus=os.cpu_count())
 
 
 def memory_part(args):
@@ -201,17 +190,16 @@ def main(args):
     if args.chunk < 1:
         raise SystemExit(f"--chunk: expected at least 1, got {args.chunk}")
     result = {}
-    argv = sys.argv[1:] if sys.argv and sys.argv[0].endswith("__main__.py") else ["memory"]
     if "memory" in args.parts:
-        result["memory"] = dict(context(argv), **memory_part(args))
+        result["memory"] = dict(context(), **memory_part(args))
     if "overhead" in args.parts:
-        result["overhead"] = dict(context(argv), **overhead_part(args))
+        result["overhead"] = dict(context(), **overhead_part(args))
     if "batching" in args.parts or "grad_norms" in args.parts:
         from .memory_batching import batching_key, batching_part, grad_norms_part
         if "batching" in args.parts:
-            result[batching_key(args)] = dict(context(argv), **batching_part(args))
+            result[batching_key(args)] = dict(context(), **batching_part(args))
         if "grad_norms" in args.parts:
-            result["grad_norms"] = dict(context(argv), **grad_norms_part(args))
+            result["grad_norms"] = dict(context(), **grad_norms_part(args))
     if os.path.exists(args.out):             # read at the end: runs of other parts may have
         with open(args.out) as f:            # written it meanwhile; their entries are kept
             result = dict(json.load(f), **result)

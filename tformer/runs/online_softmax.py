@@ -17,12 +17,11 @@ part records the command, the git commit and its configuration.
 """
 import json
 import os
-import subprocess
-import sys
 import time
 
 from ..atomic import write_json
-from .many_processes import git_commit
+from ..provenance import machine, record  # noqa: F401 (machine: where earlier code imported it)
+from .fresh import run_fresh
 
 DEFAULT_OUT = "book/data/online_softmax.json"
 SHAPE = dict(B=4, H=4, D=32)
@@ -110,18 +109,9 @@ def probe_tinygpt(attention, T, B, d_model=128, n_heads=4, n_layers=3, seed=0):
 
 
 def fresh(probe_name, **cfg):
-    """``probe_name(**cfg)`` of this module in a fresh Python process (one BLAS thread, one tformer
-    thread): nothing an earlier measurement allocated (NumPy's, glibc's or the per-thread scratch
-    buffers of ``tformer.parallel``) is reused or left out of the count."""
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-               TFORMER_NUM_THREADS="1")
-    code = (f"import json, sys; from tformer.runs.online_softmax import {probe_name}; "
-            f"print(json.dumps({probe_name}(**json.loads(sys.argv[1]))))")
-    out = subprocess.run([sys.executable, "-c", code, json.dumps(cfg)], env=env, capture_output=True,
-                         text=True, check=False)
-    if out.returncode != 0:
-        raise RuntimeError(f"{probe_name} {cfg} failed:\n{out.stderr}")
-    return dict(cfg, **json.loads(out.stdout.strip().splitlines()[-1]))
+    """``probe_name(**cfg)`` of this module in a fresh Python process (``tformer.runs.fresh``),
+    its result with ``cfg``."""
+    return dict(cfg, **run_fresh(__name__, probe_name, **cfg))
 
 
 def measure(kernel, T, B=4, H=4, D=32, reps=3, block_q=None, block_k=None):
@@ -144,25 +134,6 @@ def mem_available():
     except OSError:
         return None
     return None
-
-
-def machine():
-    """CPU model and cache sizes, as Linux reports them for CPU 0."""
-    info = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            info["cpu"] = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    base = "/sys/devices/system/cpu/cpu0/cache"
-    for idx in sorted(os.listdir(base)) if os.path.isdir(base) else []:
-        try:
-            read = [open(os.path.join(base, idx, n)).read().strip() for n in ("level", "type", "size")]
-        except OSError:
-            continue
-        if read[1] != "Instruction":
-            info[f"L{read[0]}"] = read[2]
-    return info
 
 
 def tile_sweep(T, sizes, rounds, B, H, D):
@@ -197,8 +168,7 @@ def main(args):
         with open(args.out) as f:
             result = json.load(f)
     B, H, D = SHAPE["B"], SHAPE["H"], SHAPE["D"]
-    command = "python -m tformer online-softmax " + " ".join(sys.argv[2:])
-    common = {"command": command, "commit": git_commit(), "machine": machine()}
+    common = record("online-softmax")
     if "tiles" in args.parts:
         t0 = time.perf_counter()
         rows, best = tile_sweep(args.tile_T, args.tile_sizes, args.tile_rounds, B, H, D)
