@@ -17,10 +17,8 @@ the unmerged and the merged model; a short configuration (the base's first 30 st
 steps of LoRA) that the chapter re-runs and compares. The file holds the command line, the
 commit, the machine and the load average.
 """
-import datetime
 import os
 import platform
-import sys
 import tempfile
 import time
 
@@ -33,8 +31,8 @@ from ..lora import merge_lora
 from ..lora_file import save_adapter
 from ..models.tinygpt import TinyGPT
 from ..optim import AdamW, clip_grad_norm
+from ..provenance import load_average, record
 from . import lora_train as L
-from .online_softmax import machine
 
 DEFAULT_OUT = "book/data/lora.json"
 LORA_TARGETS = ("attn", "all")
@@ -74,23 +72,13 @@ def methods():
 
 
 def provenance():
-    """The command line, the commit (git run in the repository's root), the machine, the date."""
-    import subprocess
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-    def git(*a):
-        try:
-            return subprocess.run(["git", *a], cwd=root, capture_output=True, text=True,
-                                  check=True).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            return None
-    status = git("status", "--porcelain", "--untracked-files=no")
-    return {"command": "python -m tformer " + " ".join(sys.argv[1:]), "commit": git("rev-parse", "HEAD"),
-            "dirty": None if status is None else bool(status), "machine": machine(),
-            "cores": parallel.available_cores(), "threads": parallel.get_num_threads(),
-            "load_average_start": list(os.getloadavg()), "python": platform.python_version(),
-            "numpy": np.__version__,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    """The command line, the commit (``tformer.provenance.record``: git run in the repository's
+    root), the machine, the date, the load, and the cores and threads."""
+    rec = record("lora")
+    rec.update(cores=parallel.available_cores(), threads=parallel.get_num_threads(),
+               load_average_start=rec.pop("load_average"), python=platform.python_version(),
+               numpy=np.__version__)
+    return rec
 
 
 def _round(xs, digits=5):
@@ -256,7 +244,7 @@ def main(args):
     result["truncation"] = {"val_bpb": truncation(base, full_models["full"], verse),
                             "full_val_bpb": L.val_bpb(full_models["full"], verse)}
     result["check"] = check_run(lrs)
-    result["provenance"]["load_average_end"] = list(os.getloadavg())
+    result["provenance"]["load_average_end"] = load_average()
     result["provenance"]["wall_seconds"] = time.perf_counter() - t0
     write_json(args.out, result)
     print(f"wrote {args.out} ({result['provenance']['wall_seconds']:.0f} s)")

@@ -23,12 +23,8 @@ file records the configuration, the corpus's fingerprint, the commit, the machin
 line (``provenance``). The notebook ``notebooks/30_shakespeare.ipynb`` reads it and re-trains the
 first ``EVAL_EVERY``-multiples of seed 0's run live (``train_tformer(0, steps=...)``).
 """
-import datetime
 import math
-import os
 import platform
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -41,6 +37,7 @@ from ..data.text import decode, encode, evaluate_loss
 from ..generate import sample
 from ..models.tinygpt import TinyGPT
 from ..optim import AdamW, cosine_with_warmup
+from ..provenance import load_average, record
 from ..train import train
 from .flags import nonnegative_int, positive_int
 
@@ -193,31 +190,13 @@ def train_torch(seed, steps, data):
 
 
 def provenance():
-    """What ran, where: the command line, the commit of this repository, the machine, the date."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-    def git(*a):
-        try:
-            return subprocess.run(["git", *a], cwd=root, capture_output=True, text=True,
-                                  check=True).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            return None
-    cpu = None
-    if os.path.exists("/proc/cpuinfo"):
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None)
-    status = git("status", "--porcelain", "--untracked-files=no")
-    return {"command": "python -m tformer " + " ".join(sys.argv[1:]), "commit": git("rev-parse", "HEAD"),
-            "dirty": None if status is None else bool(status), "cpu": cpu or platform.processor(),
-            "cores": parallel.available_cores(), "threads": parallel.get_num_threads(),
-            "load_average": _load_average(),
-            "python": platform.python_version(), "numpy": np.__version__,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-
-
-def _load_average():
-    """The 1, 5 and 15-minute load averages (a busy machine's times are longer), or None."""
-    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    """What ran, where (``tformer.provenance.record``: the command line, the commit of this
+    repository, the machine, the date, the load), with the CPU, cores and threads named here."""
+    rec = record("shakespeare")
+    rec.update(cpu=rec["machine"]["cpu"], cores=parallel.available_cores(),
+               threads=parallel.get_num_threads(), python=platform.python_version(),
+               numpy=np.__version__)
+    return rec
 
 
 def _round(xs, digits=4):
@@ -241,7 +220,7 @@ def main(args):
         run["final"] = final_metrics(lambda x, y: evaluate_loss(model, x, y), data)
         run["samples"] = samples(model, seed)
         run["loss"] = _round(run["loss"])
-        run["load_average_after"] = _load_average()
+        run["load_average_after"] = load_average()
         result["seeds"][str(seed)] = run
         f = run["final"]
         print(f"seed {seed}: val {f['val_nats']:.4f} nats/char ({f['val_bits']:.3f} bits, "
@@ -258,7 +237,7 @@ def main(args):
         run["seed"] = seed
         run["final"] = final_metrics(loss_of, data)
         run["loss"] = _round(run["loss"])
-        run["load_average_after"] = _load_average()
+        run["load_average_after"] = load_average()
         result["torch"] = run
         print(f"torch seed {seed}: val {run['final']['val_nats']:.4f} nats/char, "
               f"{run['seconds']['total']:.0f} s on {run['threads']} threads", flush=True)
