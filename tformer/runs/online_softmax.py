@@ -21,6 +21,7 @@ import time
 
 from ..atomic import write_json
 from ..provenance import machine, record  # noqa: F401 (machine: where earlier code imported it)
+from ..step_memory import available_bytes as mem_available    # MemAvailable of /proc/meminfo
 from .fresh import run_fresh
 
 DEFAULT_OUT = "book/data/online_softmax.json"
@@ -122,18 +123,6 @@ def measure(kernel, T, B=4, H=4, D=32, reps=3, block_q=None, block_k=None):
 def plain_bytes(T, B, H):
     """The two (B, H, T, T) float32 arrays the plain kernel holds at its peak: P and the backward's dS."""
     return 2 * B * H * T * T * 4
-
-
-def mem_available():
-    """MemAvailable of /proc/meminfo in bytes (None where there is no such file)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 def tile_sweep(T, sizes, rounds, B, H, D):
