@@ -15,6 +15,7 @@ first steps of one configuration live. About 40 minutes on 2 busy cores.
 import argparse
 import os
 import platform
+import functools
 import statistics
 import tempfile
 import time
@@ -38,6 +39,7 @@ from ..train import train
 from . import tinygpt
 from .quantize_cmd import float32_weights_bytes, val_bpb
 from .flags import positive_int
+from .timing import interleaved
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 DEFAULT_OUT = "book/data/fewer_bits.json"
@@ -151,13 +153,12 @@ def step_times(argsets, rounds, steps):
         data, model, precision, opt = build(args)
         _step(model, precision, opt, data.batch(0), args.clip)        # warm-up
         setups[name] = (model, precision, opt, [data.batch(i) for i in range(steps)], args.clip)
-    times = {name: [] for name in argsets}
-    for _ in range(rounds):
-        for name, (model, precision, opt, batches, clip) in setups.items():
-            t = time.perf_counter()
-            for b in batches:
-                _step(model, precision, opt, b, clip)
-            times[name].append((time.perf_counter() - t) / steps)
+    def run_steps(model, precision, opt, batches, clip):
+        for b in batches:
+            _step(model, precision, opt, b, clip)
+    times = interleaved({name: functools.partial(run_steps, *s) for name, s in setups.items()},
+                        rounds)
+    times = {name: [t / steps for t in ts] for name, ts in times.items()}      # per step
     return {name: {"median_s": statistics.median(ts), "rounds_s": ts} for name, ts in times.items()}
 
 
@@ -214,12 +215,8 @@ def kernel_costs(N=4096, K=128, M=512, seed=0):
 def tokens_per_second(models, n_tokens, rounds=3):
     """Generation speed (bytes/s, KV cache, one sequence) of each model, interleaved rounds, median."""
     prompt = encode("def ")[None, :]
-    times = {name: [] for name in models}
-    for _ in range(rounds):
-        for name, m in models.items():
-            t = time.perf_counter()
-            sample(m, prompt, n_tokens, temperature=0.8, seed=0)
-            times[name].append(time.perf_counter() - t)
+    times = interleaved({name: functools.partial(sample, m, prompt, n_tokens, temperature=0.8,
+                                                 seed=0) for name, m in models.items()}, rounds)
     return {name: n_tokens / statistics.median(ts) for name, ts in times.items()}
 
 

@@ -17,6 +17,7 @@ the unmerged and the merged model; a short configuration (the base's first 30 st
 steps of LoRA) that the chapter re-runs and compares. The file holds the command line, the
 commit, the machine and the load average.
 """
+import functools
 import os
 import platform
 import tempfile
@@ -33,6 +34,7 @@ from ..models.tinygpt import TinyGPT
 from ..optim import AdamW, clip_grad_norm
 from ..provenance import load_average, record
 from . import lora_train as L
+from .timing import interleaved
 
 DEFAULT_OUT = "book/data/lora.json"
 LORA_TARGETS = ("attn", "all")
@@ -126,14 +128,9 @@ def step_times(base_state, table, rounds):
         model.backward(dlogits)
         clip_grad_norm(params, 1.0)
         opt.step()
-    seconds = {name: [] for name in table}
     for name in table:
         step(*runs[name])                                            # warm-up
-    for _ in range(rounds):
-        for name in table:
-            t = time.perf_counter()
-            step(*runs[name])
-            seconds[name].append(time.perf_counter() - t)
+    seconds = interleaved({name: functools.partial(step, *runs[name]) for name in table}, rounds)
     return {n: {"median_seconds": float(np.median(s)), "seconds": _round(s, 6)}
             for n, s in seconds.items()}
 
@@ -146,12 +143,7 @@ def inference_times(base_state, rounds):
     merged, _ = L.adapted(base_state, {"kind": "lora", "r": 16, "targets": "all"}, 1)
     merge_lora(merged)
     models = {"base": base.eval(), "lora-unmerged": unmerged.eval(), "lora-merged": merged.eval()}
-    seconds = {n: [] for n in models}
-    for _ in range(rounds):
-        for n, m in models.items():
-            t = time.perf_counter()
-            m.forward(x)
-            seconds[n].append(time.perf_counter() - t)
+    seconds = interleaved({n: functools.partial(m.forward, x) for n, m in models.items()}, rounds)
     return {n: {"median_seconds": float(np.median(s))} for n, s in seconds.items()}
 
 

@@ -23,6 +23,7 @@ from ..atomic import write_json
 from ..provenance import machine, record  # noqa: F401 (machine: where earlier code imported it)
 from ..step_memory import available_bytes as mem_available    # MemAvailable of /proc/meminfo
 from .fresh import run_fresh
+from .timing import interleaved
 
 DEFAULT_OUT = "book/data/online_softmax.json"
 SHAPE = dict(B=4, H=4, D=32)
@@ -132,12 +133,7 @@ def tile_sweep(T, sizes, rounds, B, H, D):
     steps = {p: step_fn("flash", q, k, v, dy, *p) for p in pairs}
     for step in steps.values():
         step()                                                   # warm up every pair once
-    times = {p: [] for p in pairs}
-    for _ in range(rounds):
-        for p in pairs:
-            t = time.perf_counter()
-            steps[p]()
-            times[p].append(time.perf_counter() - t)
+    times = interleaved(steps, rounds)
     import numpy as np
     rows = [{"block_q": bq, "block_k": bk, "seconds": times[(bq, bk)],
              "median_seconds": float(np.median(times[(bq, bk)]))} for bq, bk in pairs]
