@@ -122,7 +122,7 @@ class TextData:
         self.names = [name for name, _ in documents]
         train, val = [], []
         for name, raw in documents:
-            cut = len(raw) - int(round(len(raw) * val_fraction))         # split_sizes' rule
+            cut = split_sizes(len(raw), val_fraction)[0] - 1             # the newline aside
             train.append(raw[:cut] + b"\n")
             val.append(raw[cut:] + b"\n")
         self.train = encode(b"".join(train))                      # (N_train,) uint8
