@@ -48,16 +48,17 @@ def _gone_pid():
 
 
 def test_a_write_removes_its_targets_temporaries_left_by_a_killed_writer_only(tmp_path):
-    import socket
-    host = socket.gethostname()
+    from tformer.atomic import _host
+    host = _host()
     dead = _temporary(tmp_path, "ck.npz", host, _gone_pid())
     live = _temporary(tmp_path, "ck.npz", host, os.getppid())        # a writer that still runs
     remote = _temporary(tmp_path, "ck.npz", "another-host", _gone_pid())
+    container = _temporary(tmp_path, "ck.npz", host.split("@")[0] + "@1", _gone_pid())  # its pids
     other = _temporary(tmp_path, "other.npz", host, _gone_pid())     # another target's
     with atomic_open(tmp_path / "ck.npz", "wb") as f:
         f.write(b"new")
     assert not dead.exists()
-    assert live.exists() and remote.exists() and other.exists()
+    assert live.exists() and remote.exists() and other.exists() and container.exists()
     assert (tmp_path / "ck.npz").read_bytes() == b"new"
 
 

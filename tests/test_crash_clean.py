@@ -3,7 +3,6 @@ temporary file and ends with the same checkpoint, array for array and bit for bi
 was never interrupted (``tformer.atomic``, ``--resume``)."""
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -11,6 +10,7 @@ import time
 import numpy as np
 import pytest
 
+from tformer.atomic import _host
 from tformer.checkpoint import read_checkpoint
 
 KILLS = 30
@@ -59,7 +59,7 @@ def test_sigkill_at_random_moments_leaves_no_temporary_and_the_same_checkpoint(s
     # the clean-up is exercised even if no kill below lands inside a write.
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True).stdout.strip()
-    (killed / f".tmp-ck.npz~{socket.gethostname()}~{gone}~x1y2z3.npz").write_bytes(b"half")
+    (killed / f".tmp-ck.npz~{_host()}~{gone}~x1y2z3.npz").write_bytes(b"half")
     rng = np.random.default_rng(30)
     left_a_temporary = 0
     for delay in rng.uniform(0.05, whole, size=KILLS):

@@ -6,7 +6,9 @@ cut. Checkpoints, run logs and every ``book/data/*.json`` result are written thi
 A process killed (SIGKILL, OOM killer, power cut) between creating its temporary and the rename
 leaves that temporary behind. Each write therefore first removes the stale temporaries of its own
 target. A temporary is named ``.tmp-<target>~<host>~<pid>~<random><suffix>``, and a stale one is
-one whose writer is gone: written on this host by a process id that no longer runs. Why this and
+one whose writer is gone: written on this host (its name and, on Linux, its process-id namespace,
+so that two containers sharing a folder and a host name do not judge each other's process ids) by
+a process id that no longer runs. Why this and
 not one fixed temporary name per target (which the next write would simply overwrite): two
 processes writing the same target at once (two runs pointed at one ``--checkpoint``) would then
 write into the same temporary and could rename each other's half-written file over the target;
@@ -24,6 +26,15 @@ import socket
 import tempfile
 
 SEP = "~"                       # cannot occur in a host name; the fields are read from the right
+
+
+def _host():
+    """This host's name, and the process-id namespace where Linux names one: where a pid means
+    this process table's pid."""
+    try:
+        return f"{socket.gethostname()}@{os.readlink('/proc/self/ns/pid').strip('pid:[]')}"
+    except OSError:
+        return socket.gethostname()
 
 
 def _prefix(path):
@@ -44,7 +55,7 @@ def _alive(pid):
 def stale_temporaries(path):
     """The temporaries of ``path`` (full paths) whose writer, a process on this host, is gone."""
     folder, prefix = os.path.dirname(os.path.abspath(path)), _prefix(path)
-    host = socket.gethostname()
+    host = _host()
     stale = []
     for name in os.listdir(folder) if os.path.isdir(folder) else []:
         if not name.startswith(prefix):
@@ -84,7 +95,7 @@ def atomic_open(path, mode="w", **kwargs):
     for stale in stale_temporaries(path):
         with contextlib.suppress(FileNotFoundError):     # another writer removed it first
             os.remove(stale)
-    prefix = f"{_prefix(path)}{socket.gethostname()}{SEP}{os.getpid()}{SEP}"
+    prefix = f"{_prefix(path)}{_host()}{SEP}{os.getpid()}{SEP}"
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=prefix, suffix=os.path.splitext(path)[1])
     try:
         with os.fdopen(fd, mode, **kwargs) as f:
