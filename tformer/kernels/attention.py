@@ -76,17 +76,7 @@ def attention_forward(q, k, v, mask=None, scale=None, is_causal=False, out=None)
     (``tformer._dtypes.matmul``, ``softmax``); S, P and y are stored in the input's format.
     Returns ``y, cache`` with the probabilities ``P: (..., T_q, T_k)`` in the cache.
     """
-    float_array("q", q, min_ndim=2)
-    float_array("k", k, min_ndim=2)
-    float_array("v", v, min_ndim=2)
-    same_dtype(q=q, k=k, v=v)
-    if not (q.ndim == k.ndim == v.ndim):
-        raise ValueError(f"q, k, v: expected the same rank, got {q.shape}, {k.shape}, {v.shape}")
-    G = _group_size(q, k, v)
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"k: expected key size D = {q.shape[-1]} (from q), got shape {k.shape}")
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"v: expected {k.shape[-2]} positions (from k), got shape {v.shape}")
+    G = check_qkv(q, k, v)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if is_causal:
         if mask is not None:
@@ -135,6 +125,24 @@ def attention_forward(q, k, v, mask=None, scale=None, is_causal=False, out=None)
 
 _TILE = 64
 _SHIFTED = (np.dtype(np.float32), np.dtype(np.float64))   # causal softmax shifted by s_ii
+
+
+def check_qkv(q, k, v):
+    """The attention inputs checked once, for the plain and the online-softmax kernels: float arrays
+    of one dtype and one rank ≥ 2, D_q = D_k, T_k = T_v, leading axes that agree (but for the head
+    axis of grouped-query attention). Returns G = H / H_kv (``_group_size``)."""
+    float_array("q", q, min_ndim=2)
+    float_array("k", k, min_ndim=2)
+    float_array("v", v, min_ndim=2)
+    same_dtype(q=q, k=k, v=v)
+    if not (q.ndim == k.ndim == v.ndim):
+        raise ValueError(f"q, k, v: expected the same rank, got {q.shape}, {k.shape}, {v.shape}")
+    G = _group_size(q, k, v)
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"k: expected key size D = {q.shape[-1]} (from q), got shape {k.shape}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"v: expected {k.shape[-2]} positions (from k), got shape {v.shape}")
+    return G
 
 
 def _group_size(q, k, v):

@@ -24,8 +24,8 @@ import numpy as np
 
 from .. import parallel
 from .._dtypes import compute_dtype
-from .._validate import float_array, same_dtype
-from .attention import _group_size, _grouped, _matmul_sum, _out, _split_axis
+from .._validate import float_array
+from .attention import _group_size, _grouped, _matmul_sum, _out, _split_axis, check_qkv
 
 #: Query tile size (rows of Q per step). BLOCK_Q × BLOCK_K was chosen from the 5 × 5 pairs of
 #: 32 … 512 measured by ``python -m tformer online-softmax --parts tiles`` (book/data/
@@ -270,17 +270,7 @@ def _check(q, k, v, mask, scale, is_causal):
     """The inputs checked as ``attention_forward`` checks them; returns (G, scale, blocked, additive),
     the mask split into a boolean "blocked" or an additive float array (each broadcast to the
     scores' shape as a view, or None)."""
-    float_array("q", q, min_ndim=2)
-    float_array("k", k, min_ndim=2)
-    float_array("v", v, min_ndim=2)
-    same_dtype(q=q, k=k, v=v)
-    if not (q.ndim == k.ndim == v.ndim):
-        raise ValueError(f"q, k, v: expected the same rank, got {q.shape}, {k.shape}, {v.shape}")
-    G = _group_size(q, k, v)
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"k: expected key size D = {q.shape[-1]} (from q), got shape {k.shape}")
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"v: expected {k.shape[-2]} positions (from k), got shape {v.shape}")
+    G = check_qkv(q, k, v)
     if not isinstance(is_causal, (bool, np.bool_)):
         raise TypeError(f"is_causal: expected True or False, got {is_causal!r}")
     if is_causal and k.shape[-2] < q.shape[-2]:
