@@ -7,9 +7,10 @@ the checker on ``tformer``.
 
 Why some modules sit where they do:
 - ``parallel`` (the thread pool) is below the kernels: every kernel splits its rows with it.
-- ``recompute`` and ``replicas`` (gradient checkpointing, the batch cut across threads) are how a
-  model's blocks run, chosen by the model's own keywords: the models build on them, so they sit
-  below the models, not with the scaling that builds on training (precision, quantize, MPI).
+- ``scaling.recompute`` and ``scaling.batch_threads`` (gradient checkpointing, the batch cut
+  across threads) are how a model's blocks run, chosen by the model's own keywords: the models
+  build on them, so they sit below the models, not with the scaling that builds on training
+  (precision, quantize, MPI, ZeRO).
 - ``data`` sits above "using a model": a sequence task scores a model by decoding it.
 - The experiments (the commands that write ``book/data/*.json``) and the benchmarks are one
   layer: the bench reruns an experiment's measurement, an experiment borrows the bench's PyTorch
@@ -29,20 +30,17 @@ LAYERS = [
     ("layers", ["tformer.layers"]),
     ("attention and blocks", ["tformer.attention", "tformer.modern_layers", "tformer.blocks",
                               "tformer.lora"]),
-    ("how blocks run", ["tformer.recompute", "tformer.replicas"]),
+    ("how blocks run", ["tformer.scaling", "tformer.scaling.recompute",
+                        "tformer.scaling.batch_threads"]),
     ("models", ["tformer.models", "tformer.models.*"]),
     ("training", ["tformer.schedules", "tformer.optim", "tformer.runlog", "tformer.checkpoint",
                   "tformer.train", "tformer.lora_file"]),
-    ("scaling", ["tformer.precision", "tformer.quantize", "tformer.distributed",
-                 "tformer.step_memory"]),
+    ("scaling", ["tformer.scaling.precision", "tformer.scaling.quantize", "tformer.scaling.zero",
+                 "tformer.scaling.mpi", "tformer.scaling.step_memory"]),
     ("using a model", ["tformer.generate", "tformer.beam", "tformer.bpe", "tformer.bpe_*"]),
     ("data", ["tformer.data", "tformer.data.*"]),
-    ("commands", ["tformer.runs", "tformer.runs.flags", "tformer.runs.fits",
-                  "tformer.runs.attention", "tformer.runs.transformer2", "tformer.runs.encoder",
-                  "tformer.runs.transformer", "tformer.runs.tinygpt", "tformer.runs.generate_cmd",
-                  "tformer.runs.quantize_cmd", "tformer.runs.lora_train",
-                  "tformer.runs.finetune"]),
-    ("experiments and bench", ["tformer.provenance", "tformer.runs.*", "tformer.bench",
+    ("commands", ["tformer.runs", "tformer.runs.*"]),
+    ("experiments and bench", ["tformer.experiments", "tformer.experiments.*", "tformer.bench",
                                "tformer.bench.*"]),
     ("entry point", ["tformer.__main__"]),
 ]

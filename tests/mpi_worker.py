@@ -13,7 +13,7 @@ import numpy as np
 
 from tformer import functional as F
 from tformer.checkpoint import load_checkpoint
-from tformer.distributed import DataParallel, RankError, get_world, local_slice, run_command
+from tformer.scaling.mpi import DataParallel, RankError, get_world, local_slice, run_command
 from tformer.models.tinygpt import TinyGPT
 from tformer.optim import AdamW
 from tformer.train import NonFiniteLossError, train

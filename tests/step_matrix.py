@@ -18,10 +18,10 @@ import sys
 import numpy as np
 
 from tformer import functional as F
-from tformer import replicas
-from tformer.distributed import DataParallel, get_world, local_slice, run_command
+from tformer.scaling import batch_threads
+from tformer.scaling.mpi import DataParallel, get_world, local_slice, run_command
 from tformer.models.tinygpt import TinyGPT
-from tformer.precision import MixedPrecision
+from tformer.scaling.precision import MixedPrecision
 from tformer.train import train
 
 STEPS = 3
@@ -94,7 +94,7 @@ def rel_norm(a, b):
 
 
 def main(args):
-    replicas.MIN_PART_MACS = 0
+    batch_threads.MIN_PART_MACS = 0
     world = get_world()
     out = {f"{c}|{p}": step_grads(c, p, world) for c in CONFIGS for p in PRECISIONS}
     if world.is_root:

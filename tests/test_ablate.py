@@ -10,7 +10,7 @@ import pytest
 
 from tformer.__main__ import main as cli
 from tformer.modern_layers import swiglu_hidden
-from tformer.runs import ablate
+from tformer.experiments import ablate
 
 TINY = ["--d-model", "16", "--n-heads", "4", "--n-layers", "1", "--max-len", "16", "--batch-size", "4",
         "--steps", "6", "--warmup", "2", "--eval-every", "3", "--eval-windows", "4", "--no-progress"]

@@ -246,7 +246,7 @@ def test_tinygpt_with_flash_trains_in_low_precision(precision):
     """One SGD step of TinyGPT(attention="flash") in fp16 (with loss scaling) or bf16 against the
     same step in float32: ``tests/test_precision.py``'s tolerance for the modern block."""
     from tformer.optim import SGD
-    from tformer.precision import MixedPrecision
+    from tformer.scaling.precision import MixedPrecision
     from tformer.train import train
 
     def batch(i):
@@ -498,7 +498,7 @@ def test_cli_run_tinygpt_with_flash_and_generate(tmp_path, capsys):
 
 
 def test_online_softmax_command_writes_each_part_with_its_commit(tmp_path, monkeypatch, capsys):
-    from tformer.runs import online_softmax
+    from tformer.experiments import online_softmax
     out = str(tmp_path / "os.json")
     assert cli(["online-softmax", "--out", out, "--parts", "sweep", "--lengths", "64", "--reps", "1"]) == 0
     assert cli(["online-softmax", "--out", out, "--parts", "tiles", "--tile-T", "64",

@@ -27,9 +27,9 @@ def test_the_layers_name_every_pattern_once_and_the_bottom_is_the_foundation():
     assert len(patterns) == len(set(patterns))
     assert il.layer_of("tformer.kernels.softmax") < il.layer_of("tformer.functional") \
         < il.layer_of("tformer.models.tinygpt") < il.layer_of("tformer.train") \
-        < il.layer_of("tformer.quantize") < il.layer_of("tformer.generate") \
+        < il.layer_of("tformer.scaling.quantize") < il.layer_of("tformer.generate") \
         < il.layer_of("tformer.data.text") < il.layer_of("tformer.runs.tinygpt") \
-        < il.layer_of("tformer.runs.ablate") < il.layer_of("tformer.__main__")
+        < il.layer_of("tformer.experiments.ablate") < il.layer_of("tformer.__main__")
 
 
 def _write(root, files):

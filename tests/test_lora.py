@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from tformer import functional as F
-from tformer import parallel, replicas
+from tformer import parallel
+from tformer.scaling import batch_threads
 from tformer.gradcheck import check_module, numerical_grad
 from tformer.layers import Linear
 from tformer.lora import (Adapters, LoRALinear, apply_lora, fingerprint, merge_lora,
@@ -114,7 +115,7 @@ def test_model_gradients_of_the_adapters_by_finite_differences():
 @pytest.fixture
 def threads(monkeypatch):
     before = parallel.get_num_threads()
-    monkeypatch.setattr(replicas, "MIN_PART_MACS", 0)             # cut even a tiny batch
+    monkeypatch.setattr(batch_threads, "MIN_PART_MACS", 0)             # cut even a tiny batch
     yield parallel.set_num_threads
     parallel.set_num_threads(before)
 

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from tformer.__main__ import main as cli
-from tformer.runs import lora_experiment as E
-from tformer.runs import lora_train as L
+from tformer.experiments import lora_experiment as E
+from tformer.experiments import lora_train as L
 
 
 @pytest.fixture

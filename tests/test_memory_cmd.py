@@ -5,8 +5,8 @@ import numpy as np
 
 from tformer.__main__ import main as cli
 from tformer.data.sequences import SequenceTask
-from tformer.runs import memory
-from tformer.runs.memory_batching import fit
+from tformer.experiments import memory
+from tformer.experiments.memory_batching import fit
 
 
 def test_checkpointing_lowers_the_measured_peak_of_a_step():

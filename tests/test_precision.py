@@ -10,7 +10,7 @@ from tformer.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
 from tformer.layers import Linear
 from tformer.models.tinygpt import TinyGPT
 from tformer.optim import SGD, AdamW
-from tformer.precision import DynamicLossScaler, MixedPrecision, precision_dtype, precision_policy
+from tformer.scaling.precision import DynamicLossScaler, MixedPrecision, precision_dtype, precision_policy
 from tformer.train import NonFiniteLossError, train
 
 LOW = [float16, bfloat16]

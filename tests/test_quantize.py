@@ -6,7 +6,7 @@ from tformer.__main__ import main as cli
 from tformer.checkpoint import load_checkpoint, read_checkpoint
 from tformer.layers import Embedding, Linear
 from tformer.models.tinygpt import TinyGPT
-from tformer.quantize import (QuantizedEmbedding, QuantizedLinear, dequantize_tensor, int_matmul,
+from tformer.scaling.quantize import (QuantizedEmbedding, QuantizedLinear, dequantize_tensor, int_matmul,
                               load_model, load_quantized, quantize_model, quantize_rows, quantize_tensor,
                               save_quantized)
 
@@ -267,7 +267,7 @@ def test_quantized_file_refuses_optimizer_and_precision(tmp_path):
     m = tiny()
     with pytest.raises(ValueError, match="quantized checkpoint \\(inference only\\)"):
         load_checkpoint(path, m, AdamW(m))
-    with pytest.raises(ValueError, match="load it with tformer.quantize.load_model"):
+    with pytest.raises(ValueError, match="load it with tformer.scaling.quantize.load_model"):
         load_checkpoint(path, m)
     with pytest.raises(ValueError, match="not quantized"):
         save_quantized(tmp_path / "x.npz", tiny())

@@ -1,4 +1,4 @@
-"""Gradient checkpointing (tformer.recompute): the same gradients bit for bit, less kept memory."""
+"""Gradient checkpointing (tformer.scaling.recompute): the same gradients bit for bit, less kept memory."""
 import numpy as np
 import pytest
 
@@ -8,7 +8,7 @@ from tformer.generate import greedy
 from tformer.models.tinygpt import TinyGPT
 from tformer.models.transformer import Transformer
 from tformer.optim import AdamW
-from tformer.recompute import Recompute, check_checkpointing
+from tformer.scaling.recompute import Recompute, check_checkpointing
 from tformer.train import train
 
 

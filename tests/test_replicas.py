@@ -1,22 +1,23 @@
-"""tformer.replicas: a TinyGPT training batch cut across threads gives the whole batch's logits and
+"""tformer.scaling.batch_threads: a TinyGPT training batch cut across threads gives the whole batch's logits and
 gradients (float64 to 1e-12, float32 to rounding, finite differences, PyTorch), only where it
 should, and deterministically."""
 import numpy as np
 import pytest
 
 from tformer import functional as F
-from tformer import parallel, replicas
+from tformer import parallel
+from tformer.scaling import batch_threads
 from tformer.gradcheck import numerical_grad, rel_error
 from tformer.models.tinygpt import TinyGPT
 from tformer.optim import AdamW
-from tformer.precision import MixedPrecision
+from tformer.scaling.precision import MixedPrecision
 from tformer.train import train
 
 
 @pytest.fixture
 def threads(monkeypatch):
     """Set the thread count inside a test (restored after it); every batch is worth cutting."""
-    monkeypatch.setattr(replicas, "MIN_PART_MACS", 0)
+    monkeypatch.setattr(batch_threads, "MIN_PART_MACS", 0)
     before = parallel.get_num_threads()
     yield parallel.set_num_threads
     parallel.set_num_threads(before)
@@ -52,7 +53,7 @@ def _step(model, x, y, dlogits=None):
 
 def test_parts_cover_the_batch_in_balanced_order():
     for B, n in [(1, 2), (2, 2), (5, 2), (5, 3), (32, 2), (7, 16)]:
-        cut = replicas.parts(B, n)
+        cut = batch_threads.parts(B, n)
         assert len(cut) == min(n, B)
         assert cut[0][0] == 0 and cut[-1][1] == B
         assert all(a[1] == b[0] for a, b in zip(cut, cut[1:]))
@@ -200,10 +201,10 @@ def test_cut_only_where_it_should(threads, monkeypatch):
     model.forward(x)                                        # one thread
     assert model._replicas.last is None
     threads(2)
-    monkeypatch.setattr(replicas, "MIN_PART_MACS", 10 ** 12)
+    monkeypatch.setattr(batch_threads, "MIN_PART_MACS", 10 ** 12)
     model.forward(x)                                        # too little work per part
     assert model._replicas.last is None
-    monkeypatch.setattr(replicas, "MIN_PART_MACS", 0)
+    monkeypatch.setattr(batch_threads, "MIN_PART_MACS", 0)
     drop = _model(dropout=0.1)
     drop.forward(x)                                         # dropout masks to draw
     assert drop._replicas.last is None

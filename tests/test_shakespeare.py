@@ -108,7 +108,7 @@ def test_cli_text_and_corpus_together_is_a_usage_error(capsys):
                                            (["--seeds", "1", "1"], "--seeds: expected distinct")])
 def test_experiment_flags(argv, message):
     import argparse
-    from tformer.runs import shakespeare as run
+    from tformer.experiments import shakespeare as run
     p = argparse.ArgumentParser()
     run.add_arguments(p)
     with pytest.raises(ValueError, match=message):
@@ -118,7 +118,7 @@ def test_experiment_flags(argv, message):
 def test_the_experiments_first_steps_follow_the_recipe():
     """Two steps of the 2000-step recipe: the curve starts near ln 256 and the lr is warming up."""
     import math
-    from tformer.runs import shakespeare as run
+    from tformer.experiments import shakespeare as run
     model, data, res = run.train_tformer(0, steps=2, progress_bar=False)
     step0 = res["curve"][0]
     assert step0[0] == 0 and abs(step0[2] - math.log(256)) < 0.05

@@ -11,7 +11,7 @@ from tformer.data.batching import (SortedTask, counting, default_budget, row_len
 from tformer.data.sequences import PAD, SequenceTask
 from tformer.models.transformer import Transformer
 from tformer.optim import SGD, Adam, cosine_with_warmup
-from tformer.runs.memory_batching import Run, verdict
+from tformer.experiments.memory_batching import Run, verdict
 from tformer.train import micro_batches, train
 
 

@@ -24,11 +24,12 @@ import pytest
 
 import step_matrix as sm
 from tformer import functional as F
-from tformer import parallel, replicas
-from tformer.distributed import find_mpiexec, launch
+from tformer import parallel
+from tformer.scaling import batch_threads
+from tformer.scaling.mpi import find_mpiexec, launch
 from tformer.models.tinygpt import TinyGPT
 from tformer.optim import AdamW
-from tformer.precision import precision_policy
+from tformer.scaling.precision import precision_policy
 from tformer.train import train
 
 BOUND = {"float64": 1e-12, "float32": 1e-5, "bf16": 2.0 ** -7, "fp16": 2.0 ** -10}
@@ -38,7 +39,7 @@ CASES = [(c, p) for c in sm.CONFIGS for p in sm.PRECISIONS]
 @pytest.fixture
 def cut_everything(monkeypatch):
     """Every batch is worth cutting; the thread count is restored after the test."""
-    monkeypatch.setattr(replicas, "MIN_PART_MACS", 0)
+    monkeypatch.setattr(batch_threads, "MIN_PART_MACS", 0)
     before = parallel.get_num_threads()
     yield
     parallel.set_num_threads(before)
@@ -68,17 +69,17 @@ def test_threads_hand_the_optimizer_one_threads_gradient(config, precision, thre
     ref = one_thread(config, precision)
     parallel.set_num_threads(threads)
     model_parts = []
-    real_split = replicas.Replicas.split
+    real_split = batch_threads.Replicas.split
 
     def spy(self, *a):                      # the batch really was cut
         cut = real_split(self, *a)
         model_parts.append(cut)
         return cut
-    replicas.Replicas.split = spy
+    batch_threads.Replicas.split = spy
     try:
         got = sm.step_grads(config, precision)
     finally:
-        replicas.Replicas.split = real_split
+        batch_threads.Replicas.split = real_split
     assert any(cut is not None and len(cut) == threads for cut in model_parts)
     _check(got, ref, precision, f"{config}, {precision}, {threads} threads")
 
@@ -91,7 +92,8 @@ def two_ranks(tmp_path_factory):
     worker = str(Path(sm.__file__))
     r = launch(2, [worker, "--out", str(out)], timeout=600,
                env={**os.environ, "TFORMER_NUM_THREADS": "1",
-                    "PYTHONPATH": str(Path(sm.__file__).parent)})
+                    "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(sm.__file__).parent),
+                                                                os.environ.get("PYTHONPATH")]))})
     assert r.returncode == 0, r.stderr
     return dict(np.load(out))
 

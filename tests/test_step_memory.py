@@ -1,8 +1,8 @@
-"""tformer.step_memory: chapter 21's count of a step's peak, against the peaks it was checked on."""
+"""tformer.scaling.step_memory: chapter 21's count of a step's peak, against the peaks it was checked on."""
 import json
 import os
 
-from tformer.step_memory import step_peak_bytes
+from tformer.scaling.step_memory import step_peak_bytes
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "book", "data", "fitting_in_memory.json")
 

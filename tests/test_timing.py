@@ -1,5 +1,5 @@
-"""tformer.runs.timing.interleaved: every function once a round, round after round."""
-from tformer.runs.timing import interleaved
+"""tformer.experiments.timing.interleaved: every function once a round, round after round."""
+from tformer.experiments.timing import interleaved
 
 
 def test_interleaved_runs_each_function_once_per_round_in_order():

@@ -22,7 +22,7 @@ import sys  # noqa: E402
 RUNS = {
     "attention": ("tformer.runs.attention",
                   "seed 001: one self-attention layer on the copy-the-max-row task"),
-    "transformer2": ("tformer.runs.transformer2",
+    "transformer2": ("tformer.runs.two_layer",
                      "seed 000: the two-layer transformer (swish MLP, no LayerNorm)"),
     "encoder": ("tformer.runs.encoder", "seed 003: the post-LN encoder reconstructing its input"),
     "transformer": ("tformer.runs.transformer",
@@ -32,21 +32,21 @@ RUNS = {
 COMMANDS = {
     "generate": ("tformer.runs.generate_cmd", "write text from a saved TinyGPT checkpoint"),
     "quantize": ("tformer.runs.quantize_cmd", "int8 post-training quantization of a saved checkpoint"),
-    "many-processes": ("tformer.runs.many_processes",
+    "many-processes": ("tformer.experiments.many_processes",
                        "measure data-parallel training over MPI (writes a JSON file)"),
-    "fewer-bits": ("tformer.runs.fewer_bits", "the precision and quantization measurements of the "
+    "fewer-bits": ("tformer.experiments.fewer_bits", "the precision and quantization measurements of the "
                    "chapter Fewer bits (writes a JSON file)"),
-    "online-softmax": ("tformer.runs.online_softmax", "plain against online-softmax attention: tile "
+    "online-softmax": ("tformer.experiments.online_softmax", "plain against online-softmax attention: tile "
                        "sizes, peak memory and time (writes a JSON file)"),
-    "ablate": ("tformer.runs.ablate", "the ablation of the modern block: TinyGPT with each piece "
+    "ablate": ("tformer.experiments.ablate", "the ablation of the modern block: TinyGPT with each piece "
                "changed alone, seeds, pre/post-norm (writes a JSON file)"),
-    "memory": ("tformer.runs.memory", "gradient checkpointing, dynamic batching and gradient norms: "
+    "memory": ("tformer.experiments.memory", "gradient checkpointing, dynamic batching and gradient norms: "
                "the measurements of the chapter Fitting in memory (writes a JSON file)"),
-    "shakespeare": ("tformer.runs.shakespeare", "TinyGPT learns Shakespeare with nanoGPT's CPU "
+    "shakespeare": ("tformer.experiments.shakespeare", "TinyGPT learns Shakespeare with nanoGPT's CPU "
                     "recipe: seeds, samples, the PyTorch twin (writes a JSON file)"),
-    "bpe-compare": ("tformer.runs.bpe_compare", "TinyGPT on bytes against TinyGPT on BPE tokens "
+    "bpe-compare": ("tformer.experiments.bpe_compare", "TinyGPT on bytes against TinyGPT on BPE tokens "
                     "of several vocabulary sizes, in bits per byte (writes a JSON file)"),
-    "lora": ("tformer.runs.lora_experiment", "fine-tuning a Python-trained TinyGPT on Shakespeare: "
+    "lora": ("tformer.experiments.lora_experiment", "fine-tuning a Python-trained TinyGPT on Shakespeare: "
              "full, LoRA at several ranks and targets, from scratch (writes a JSON file)"),
     "bench": ("tformer.bench.run", "training and generation against PyTorch (writes a JSON file)"),
 }
@@ -142,7 +142,7 @@ def main(argv=None):
     if getattr(args, "threads", None) is not None:
         parallel.set_num_threads(args.threads)
     # Under mpiexec, one rank of the job: rank 0 prints; an error on one rank aborts them all.
-    from .distributed import RankError, run_command
+    from .scaling.mpi import RankError, run_command
     from .train import NonFiniteLossError
     from .runs.flags import UsageError
     try:

@@ -5,7 +5,7 @@ optimizer state, and one JSON string ``meta`` with the config, the step, the opt
 the mixed-precision state (the loss scaler's S and counters) and any extra JSON-able state (e.g.
 an RNG state). It is written to a temporary file in the same folder and renamed over the target,
 so a crash mid-write never leaves a half-written checkpoint. The int8 checkpoints of
-``tformer.quantize`` are read with ``read_npz`` too (their ``meta`` holds a ``quantized`` entry),
+``tformer.scaling.quantize`` are read with ``read_npz`` too (their ``meta`` holds a ``quantized`` entry),
 but loaded by that module (``load_model`` loads either kind): this one knows nothing above it.
 """
 import json
@@ -47,7 +47,7 @@ def _rng_state(model):
 def save_checkpoint(path, model, optimizer=None, config=None, step=0, extra=None, precision=None):
     """Write ``path`` atomically (temporary file, then ``os.replace``). Returns ``path``.
 
-    ``precision``: a ``tformer.precision.MixedPrecision`` whose state (precision, loss scaler) is
+    ``precision``: a ``tformer.scaling.precision.MixedPrecision`` whose state (precision, loss scaler) is
     saved too; the parameters saved are the model's float32 masters either way."""
     config = dict(config if config is not None else getattr(model, "config", {}))
     arrays = {f"model/{k}": v for k, v in model.state_dict().items()}
@@ -147,12 +147,12 @@ def load_checkpoint(path, model, optimizer=None, config=None, precision=None):
     ``precision``: a ``MixedPrecision`` attached to ``model``: its loss scaler continues from the
     saved state (if the run was saved in the same precision) and its copies are refreshed.
     A quantized checkpoint (``python -m tformer quantize``) is refused with a ValueError: it holds
-    no optimizer state, and ``tformer.quantize.load_model`` loads it (or a float one) for inference.
+    no optimizer state, and ``tformer.scaling.quantize.load_model`` loads it (or a float one) for inference.
     """
     meta, model_state, optim_state = read_checkpoint(path)
     if "quantized" in meta:
         raise ValueError(f"path: {path!r} is a quantized checkpoint (inference only): it holds no "
-                         f"optimizer or precision state; load it with tformer.quantize.load_model")
+                         f"optimizer or precision state; load it with tformer.scaling.quantize.load_model")
     check_config(path, dict(config if config is not None else getattr(model, "config", {})),
                  meta["config"])
     model.load_state_dict(model_state)

@@ -150,7 +150,7 @@ def apply_lora(model, r, alpha=None, targets=("attn",), seed=0):
     ``alpha`` default r, so s = 1), in place; returns their paths.
 
     The model's parameters are gathered into one flat buffer again (the base weights keep their
-    bits), so that the batch is still cut across threads (``tformer.replicas``); the one-token
+    bits), so that the batch is still cut across threads (``tformer.scaling.batch_threads``); the one-token
     fast path of decoding (which reads W directly) is turned off until ``merge_lora``.
     """
     r = check_rank(r)

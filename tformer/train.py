@@ -6,7 +6,7 @@ Every source system trains through ``train``. What differs between them is passe
 returns the gradient of the loss with respect to the model's output. ``train`` then calls
 ``model.backward(dout / accum_steps)`` for each micro-batch and ``optimizer.step()``.
 
-With ``precision=`` (a ``tformer.precision.MixedPrecision``) one step is: backward of every
+With ``precision=`` (a ``tformer.scaling.precision.MixedPrecision``) one step is: backward of every
 micro-batch from S · dout in the model's low precision → (all-reduce, with ``data_parallel``) →
 unscale and check for inf/NaN (an overflow skips the step and halves S) → global norm and
 clipping → update of the float32 masters → refresh of the low-precision copies.
@@ -50,7 +50,7 @@ def train(model, optimizer, batch, forward_loss, steps, *, start_step=0, accum_s
       its ``extra`` holds ``steps``, the length of the schedule (``--resume`` compares it).
     - A non-finite loss or gradient norm raises ``NonFiniteLossError`` before the update, so the
       parameters and the last checkpoint on disk stay those of the last good step.
-    - ``data_parallel`` (a ``tformer.distributed.DataParallel``; ``batch`` then gives this rank's
+    - ``data_parallel`` (a ``tformer.scaling.mpi.DataParallel``; ``batch`` then gives this rank's
       slice): after the backward passes the gradient and the loss are averaged over the ranks, and
       the NaN guard, the norm and clipping act on the averaged values, the same on every rank.
     - ``precision``: mixed precision (see the module docstring); the checkpoints also store its

@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from .. import provenance
+from ..experiments import provenance
 from ..atomic import write_json
 from . import training
 from .training import MALLOC_TUNED, SIZES, TARGET_PEAK, TARGET_RATIO, VOCAB
@@ -225,7 +225,7 @@ def verdict(results):
 
 
 def machine():
-    """What the numbers were measured on (``tformer.provenance.machine``) and the cores this
+    """What the numbers were measured on (``tformer.experiments.provenance.machine``) and the cores this
     process may use."""
     from ..parallel import available_cores
     return dict(provenance.machine(), available_cores=available_cores())

@@ -52,7 +52,7 @@ def cross_entropy(logits, targets, ignore_index=None):
     Shapes: ``logits: (..., V)``, ``targets: (...)`` integers in [0, V)  ->  ``(loss: float, dlogits: like logits)``.
     float16/bfloat16 logits: the loss is computed in float32 and ``dlogits`` is returned in float32.
     Its entries are about p/N, far below float16's smallest normal number for N in the thousands:
-    rounded now, most would vanish. Mixed-precision training (``tformer.precision``) multiplies it
+    rounded now, most would vanish. Mixed-precision training (``tformer.scaling.precision``) multiplies it
     by the loss scale first and then rounds it to the model's format.
     """
     float_array("logits", logits, min_ndim=1)

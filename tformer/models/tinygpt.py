@@ -16,8 +16,8 @@ from ..attention import check_attention
 from ..blocks import PostNormGPTBlock, PreNormBlock
 from ..layers import Embedding, Linear, Module, ModuleList
 from ..modern_layers import NORMS, TiedLinear, norm_layer
-from ..recompute import Recompute, check_checkpointing
-from ..replicas import Replicas
+from ..scaling.recompute import Recompute, check_checkpointing
+from ..scaling.batch_threads import Replicas
 
 POSITIONS = ("learned", "sinusoidal", "rope")
 MLPS = ("gelu", "relu", "swiglu")
@@ -50,7 +50,7 @@ class TinyGPT(Module):
     results up to rounding, in O(T) memory per head instead of O(T²)).
 
     ``gradient_checkpointing=True``: in training, each segment of ``blocks_per_segment`` blocks keeps
-    only its input and recomputes its forward pass during the backward (``tformer.recompute``,
+    only its input and recomputes its forward pass during the backward (``tformer.scaling.recompute``,
     chapter 21): the same gradients bit for bit, less memory, one more forward pass of the blocks.
 
     Everything is kept in ``model.config`` (and so in checkpoints), with ``d_ff`` and
@@ -132,7 +132,7 @@ class TinyGPT(Module):
         cut = None if kv_caches or not self.training else self._replicas.split(B, T)
         if cut is not None:
             # Training with threads: each part of the batch runs whole on one thread, the first
-            # on this model, the others on replicas (tformer.replicas).
+            # on this model, the others on replicas (tformer.scaling.batch_threads).
             out = np.empty((B, T, cfg["vocab_size"]), self.lm_head.W.dtype)   # (B, T, V)
             return self._replicas.forward(
                 lambda m, tok, o: m._forward_whole(tok, out=o), tokens, cut, out)

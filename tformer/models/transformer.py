@@ -21,7 +21,7 @@ from .._validate import attention_mask, token_batch, upstream
 from ..attention import check_attention
 from ..blocks import PostNormBlock
 from ..layers import Dropout, Embedding, LayerNorm, Linear, Module, ModuleList, SinusoidalPositions
-from ..recompute import Recompute, check_checkpointing
+from ..scaling.recompute import Recompute, check_checkpointing
 
 
 def parameter_count(vocab_size, d_model, n_layers, d_ff):

@@ -92,7 +92,7 @@ def prepare(args, model):
     print(f"base model: {args.base} (fingerprint {fingerprint(model)[:12]})")
     if args.lora is None:
         return model
-    from ..distributed import get_world
+    from ..scaling.mpi import get_world
     if get_world().size > 1:
         raise UsageError("--lora: runs in one process (the adapters' gradients are a few "
                          "kilobytes); expected no mpiexec")

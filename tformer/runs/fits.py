@@ -1,9 +1,9 @@
 """Does a ``run tinygpt`` fit in memory? Chapter 21's prediction of a step's peak
-(``tformer.step_memory``), checked before anything is allocated, and the flags that would make a
+(``tformer.scaling.step_memory``), checked before anything is allocated, and the flags that would make a
 run that does not fit, fit: ``--attention flash``, ``--gradient-checkpointing``, a smaller
 ``--batch-size``.
 """
-from ..step_memory import available_bytes, gib, step_peak_bytes, training_bytes
+from ..scaling.step_memory import available_bytes, gib, step_peak_bytes, training_bytes
 
 VOCAB = 256                                                      # bytes are TinyGPT's tokens
 
@@ -56,7 +56,7 @@ def check_fits(args, available=None):
            "not even --batch-size 1 --attention flash --gradient-checkpointing fits: a smaller "
            "--max-len, --d-model or --n-layers")
     raise ValueError(f"--max-len, --batch-size: expected a run whose predicted peak (chapter 21's "
-                     f"count of a training step, tformer.step_memory) fits in the "
+                     f"count of a training step, tformer.scaling.step_memory) fits in the "
                      f"{gib(available)} available, got {gib(need)} for B={args.batch_size}, "
                      f"T={args.max_len}, C={args.d_model}, L={args.n_layers}, "
                      f"{args.attention} attention; {fix}")

@@ -9,7 +9,7 @@ from ..checkpoint import read_checkpoint
 from ..data.text import decode, encode
 from ..generate import sample
 from ..models.tinygpt import TinyGPT
-from ..quantize import load_model
+from ..scaling.quantize import load_model
 from . import finetune
 from .tinygpt import DEFAULT_CHECKPOINT
 from .flags import UsageError, nonnegative_float, nonnegative_int

@@ -1,7 +1,7 @@
 """``python -m tformer quantize CHECKPOINT --out FILE [--scheme {w8,w8a8}]``: int8 post-training quantization.
 
 Reads a float checkpoint written by ``python -m tformer run tinygpt`` (or ``run transformer``),
-quantizes every Linear layer, the LM head and the embedding tables to int8 (``tformer.quantize``),
+quantizes every Linear layer, the LM head and the embedding tables to int8 (``tformer.scaling.quantize``),
 and writes an inference-only checkpoint that ``load_checkpoint`` and ``python -m tformer generate
 --checkpoint FILE`` accept. It prints the file's size against the float32 files and, for TinyGPT,
 the validation bits/byte and the generation speed of the float32 and the quantized model.
@@ -17,7 +17,7 @@ from ..data.text import TextData, bits_per_byte, encode, evaluate_loss
 from ..generate import sample
 from ..models.tinygpt import TinyGPT
 from ..models.transformer import Transformer
-from ..quantize import SCHEMES, quantize_model, save_quantized
+from ..scaling.quantize import SCHEMES, quantize_model, save_quantized
 
 
 def add_arguments(p):

@@ -5,7 +5,7 @@ installation (``tformer.data.text.STDLIB_MODULES``); ``--text FILE`` trains on a
 Losses are reported in bits per byte next to the corpus's unigram entropy, the loss of the best
 model that ignores context; the run ends by stating how far below it the validation loss got.
 
-Under ``mpiexec -n p`` the run is data parallel (``tformer.distributed``): ``--batch-size`` stays the
+Under ``mpiexec -n p`` the run is data parallel (``tformer.scaling.mpi``): ``--batch-size`` stays the
 global batch, rank r trains on its slice of every batch, the gradients are averaged over the ranks,
 and rank 0 alone prints and writes the checkpoint; ``--zero`` also shards AdamW's state (ZeRO-1).
 ``--resume`` continues from ``--checkpoint`` (written every ``--checkpoint-every`` steps) bit for bit
@@ -23,11 +23,11 @@ from .. import functional as F
 from ..checkpoint import load_checkpoint, save_checkpoint
 from ..data.shakespeare import shakespeare_data
 from ..data.text import TextData, bits_per_byte, decode, encode, evaluate_loss, unigram_cross_entropy
-from ..distributed import DataParallel, RankError, check_global_batch, get_world, local_slice
+from ..scaling.mpi import DataParallel, RankError, check_global_batch, get_world, local_slice
 from ..generate import sample
 from ..models.tinygpt import TinyGPT
 from ..optim import AdamW, cosine_with_warmup
-from ..precision import PRECISIONS, precision_policy
+from ..scaling.precision import PRECISIONS, precision_policy
 from ..train import train
 from . import finetune
 from .fits import check_fits

@@ -13,7 +13,7 @@ rows padded to the longest possible row; ``--batching sorted`` keeps each step's
 sorts it by length and splits it into micro-batches under ``--max-tokens`` (the same gradient,
 less padding); the run then reports the share of padded positions and the tokens per second of
 training for any kind. ``--gradient-checkpointing`` recomputes each
-block's forward pass in the backward pass (``tformer.recompute``).
+block's forward pass in the backward pass (``tformer.scaling.recompute``).
 """
 import os
 import time
@@ -25,7 +25,7 @@ from ..data.batching import BucketedTask, SortedTask, counting, default_budget
 from ..data.sequences import EOS, PAD, SequenceTask
 from ..models.transformer import Transformer
 from ..optim import Adam, cosine_with_warmup, noam_lr
-from ..precision import PRECISIONS, precision_policy
+from ..scaling.precision import PRECISIONS, precision_policy
 from ..train import train
 from .flags import (at_least_two, heads_divide, nonnegative_float, nonnegative_int,
                     positive_float, positive_int, probability, resumed_steps)

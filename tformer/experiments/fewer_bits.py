@@ -32,13 +32,13 @@ from ..data.text import encode
 from ..generate import sample
 from ..models.tinygpt import TinyGPT
 from ..optim import AdamW, clip_grad_norm, cosine_with_warmup
-from ..precision import precision_policy
-from ..provenance import record
-from ..quantize import quantize_model, save_quantized
+from ..scaling.precision import precision_policy
+from .provenance import record
+from ..scaling.quantize import quantize_model, save_quantized
 from ..train import train
-from . import tinygpt
-from .quantize_cmd import float32_weights_bytes, val_bpb
-from .flags import positive_int
+from ..runs import tinygpt
+from ..runs.quantize_cmd import float32_weights_bytes, val_bpb
+from ..runs.flags import positive_int
 from .timing import interleaved
 
 PRECISIONS = ("fp32", "fp16", "bf16")

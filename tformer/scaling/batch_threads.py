@@ -5,7 +5,7 @@ backward pass run on one thread, the parts' gradients summed.
     ∂L/∂θ = Σ_parts ∂L/∂θ |part          (L is a sum over tokens, so its gradient is the parts' sum)
 
 It is ``torch.nn.DataParallel`` on the cores of one process, and chapter 23's data parallelism
-(``tformer.distributed``) without the messages. Each part needs its own caches and gradients, so
+(``tformer.scaling.mpi``) without the messages. Each part needs its own caches and gradients, so
 each part after the first runs on a *replica*: a copy of the model's module tree whose parameter
 attributes are the model's own arrays (not copies: an optimizer step or ``load_state_dict`` is seen
 at once) and whose gradients live in a flat buffer of its own. The first part runs on the model.
@@ -27,8 +27,8 @@ import copy
 
 import numpy as np
 
-from . import parallel
-from .layers import Dropout
+from .. import parallel
+from ..layers import Dropout
 from .recompute import CACHE_ATTRS
 
 # A part must carry at least this many multiply-adds (tokens × parameters) for the batch to be

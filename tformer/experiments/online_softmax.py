@@ -20,8 +20,8 @@ import os
 import time
 
 from ..atomic import write_json
-from ..provenance import machine, record  # noqa: F401 (machine: where earlier code imported it)
-from ..step_memory import available_bytes as mem_available    # MemAvailable of /proc/meminfo
+from .provenance import machine, record  # noqa: F401 (machine: where earlier code imported it)
+from ..scaling.step_memory import available_bytes as mem_available    # MemAvailable of /proc/meminfo
 from .fresh import run_fresh
 from .timing import interleaved
 
@@ -111,7 +111,7 @@ def probe_tinygpt(attention, T, B, d_model=128, n_heads=4, n_layers=3, seed=0):
 
 
 def fresh(probe_name, **cfg):
-    """``probe_name(**cfg)`` of this module in a fresh Python process (``tformer.runs.fresh``),
+    """``probe_name(**cfg)`` of this module in a fresh Python process (``tformer.experiments.fresh``),
     its result with ``cfg``."""
     return dict(cfg, **run_fresh(__name__, probe_name, **cfg))
 

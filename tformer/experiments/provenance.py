@@ -14,7 +14,7 @@ import shlex
 import subprocess
 import sys
 
-PACKAGE = os.path.dirname(os.path.abspath(__file__))
+PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # tformer/
 ROOT = os.path.dirname(PACKAGE)                   # the checkout that holds tformer/, if it is one
 
 

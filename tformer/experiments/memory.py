@@ -25,8 +25,8 @@ import time
 
 from ..atomic import write_json
 from ..rss import reset_peak, status_bytes
-from ..provenance import record
-from .flags import nonnegative_int, positive_int
+from .provenance import record
+from ..runs.flags import nonnegative_int, positive_int
 from .fresh import run_fresh
 
 DEFAULT_OUT = "book/data/fitting_in_memory.json"
@@ -149,7 +149,7 @@ def overhead_part(args):
 
 
 def fresh(probe_name, **cfg):
-    """``probe_name(**cfg)`` of this module in a fresh Python process (``tformer.runs.fresh``)."""
+    """``probe_name(**cfg)`` of this module in a fresh Python process (``tformer.experiments.fresh``)."""
     return run_fresh(__name__, probe_name, **cfg)
 
 
@@ -164,7 +164,7 @@ def measure(T, L, k, reps=3, **shape):
 
 
 def context():
-    """What every part records (``tformer.provenance``): the command, the commit, the machine,
+    """What every part records (``tformer.experiments.provenance``): the command, the commit, the machine,
     the date, the load, the cores."""
     return dict(record("memory"), cpus=os.cpu_count())
 

@@ -37,9 +37,9 @@ from ..data.text import decode, encode, evaluate_loss
 from ..generate import sample
 from ..models.tinygpt import TinyGPT
 from ..optim import AdamW, cosine_with_warmup
-from ..provenance import load_average, record
+from .provenance import load_average, record
 from ..train import train
-from .flags import nonnegative_int, positive_int
+from ..runs.flags import nonnegative_int, positive_int
 
 # nanoGPT's CPU run (README) on config/train_shakespeare_char.py, in tformer's names.
 RECIPE = dict(n_layers=4, n_heads=4, d_model=128, block_size=64, batch_size=12, steps=2000,
@@ -190,7 +190,7 @@ def train_torch(seed, steps, data):
 
 
 def provenance():
-    """What ran, where (``tformer.provenance.record``: the command line, the commit of this
+    """What ran, where (``tformer.experiments.provenance.record``: the command line, the commit of this
     repository, the machine, the date, the load), with the CPU, cores and threads named here."""
     rec = record("shakespeare")
     rec.update(cpu=rec["machine"]["cpu"], cores=parallel.available_cores(),

@@ -30,9 +30,9 @@ import json
 
 import numpy as np
 
-from ._validate import float_array, int_array, index_range
-from .checkpoint import check_config, load_checkpoint, read_checkpoint, read_npz, write_npz
-from .layers import Embedding, Linear, Module
+from .._validate import float_array, int_array, index_range
+from ..checkpoint import check_config, load_checkpoint, read_checkpoint, read_npz, write_npz
+from ..layers import Embedding, Linear, Module
 
 QMAX = 127
 SCHEMES = ("w8", "w8a8")

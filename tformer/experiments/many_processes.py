@@ -1,6 +1,6 @@
 """``python -m tformer many-processes``: the measurements of the chapter "Many processes" (JSON).
 
-It launches ``mpiexec -n 2`` jobs on this host (``tformer.distributed.launch``; one BLAS thread and
+It launches ``mpiexec -n 2`` jobs on this host (``tformer.scaling.mpi.launch``; one BLAS thread and
 one tformer thread per rank) and writes one JSON file with the configuration, the git commit and:
 
 - ``allreduce``: the median time of an in-place Allreduce of a float32 buffer of N numbers, for
@@ -27,10 +27,10 @@ import numpy as np
 from .. import functional as F
 from ..atomic import write_json
 from ..data.text import TextData, bits_per_byte, evaluate_loss
-from ..distributed import DataParallel, get_world, launch, local_slice
+from ..scaling.mpi import DataParallel, get_world, launch, local_slice
 from ..models.tinygpt import TinyGPT
 from ..optim import AdamW, cosine_with_warmup
-from ..provenance import record
+from .provenance import record
 from ..train import train
 
 DEFAULT_OUT = "book/data/many_processes.json"

@@ -37,7 +37,7 @@ from ..models.tinygpt import TinyGPT
 from ..optim import AdamW
 from ..parallel import get_num_threads
 from ..progress import progress
-from ..provenance import record
+from .provenance import record
 from ..schedules import cosine_with_warmup
 from ..train import train
 

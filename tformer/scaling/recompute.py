@@ -20,7 +20,7 @@ Generation with a KV cache and evaluation mode never use this path: there is no 
 """
 import numpy as np
 
-from .layers import Dropout
+from ..layers import Dropout
 
 # What a module keeps between its forward and its backward (every layer's ``_cache``; attention's
 # probabilities ``att`` and its RoPE tables ``_rope``).

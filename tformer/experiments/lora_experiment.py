@@ -1,7 +1,7 @@
 """``python -m tformer lora [--out book/data/lora.json]``: full fine-tuning against LoRA (JSON).
 
 A TinyGPT pretrained once on the Python corpus is adapted to Shakespeare for the same number of
-steps with the same batches (per seed) in each of these ways (``tformer.runs.lora_train``):
+steps with the same batches (per seed) in each of these ways (``tformer.experiments.lora_train``):
 full fine-tuning, LoRA at r = 1, 4, 16 on the attention projections (``attn``) and on every
 linear layer (``all``), and training from scratch. Recorded per method: the validation bits/byte
 of every seed (and their mean and spread), the trainable parameters, the bytes of Adam's two
@@ -32,7 +32,7 @@ from ..lora import merge_lora
 from ..lora_file import save_adapter
 from ..models.tinygpt import TinyGPT
 from ..optim import AdamW, clip_grad_norm
-from ..provenance import load_average, record
+from .provenance import load_average, record
 from . import lora_train as L
 from .timing import interleaved
 
@@ -74,7 +74,7 @@ def methods():
 
 
 def provenance():
-    """The command line, the commit (``tformer.provenance.record``: git run in the repository's
+    """The command line, the commit (``tformer.experiments.provenance.record``: git run in the repository's
     root), the machine, the date, the load, and the cores and threads."""
     rec = record("lora")
     rec.update(cores=parallel.available_cores(), threads=parallel.get_num_threads(),

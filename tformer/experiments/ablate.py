@@ -37,7 +37,7 @@ from ..models.tinygpt import TinyGPT
 from ..modern_layers import swiglu_hidden
 from ..optim import AdamW, cosine_with_warmup
 from ..progress import progress
-from ..provenance import record
+from .provenance import record
 from ..train import NonFiniteLossError, train
 
 DEFAULT_OUT = "book/data/modern_ablation.json"

@@ -29,7 +29,7 @@ import math
 
 import numpy as np
 
-from ._dtypes import bfloat16, float16
+from .._dtypes import bfloat16, float16
 
 PRECISIONS = {"fp32": np.dtype(np.float32), "fp16": float16, "bf16": bfloat16}
 

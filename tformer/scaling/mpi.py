@@ -10,7 +10,8 @@ update to the same g, keeps the same parameters: the run equals one process with
 the rounding of the sum. ZeRO stage 1 (``zero=True``) splits the optimizer's state instead of
 replicating it: a Reduce-scatter leaves rank r the mean of its shard of g (the same traffic as
 half an all-reduce), rank r updates only its shard of θ, m and v, and an Allgather puts the
-shards of θ back together on every rank (the other half).
+shards of θ back together on every rank (the other half); its optimizer is
+``tformer.scaling.zero.ShardedOptimizer``.
 
 Without ``mpiexec`` (or without mpi4py) the world has one process and nothing here communicates:
 ``import tformer`` never needs MPI, and single-process runs take exactly the path they always took.
@@ -24,7 +25,8 @@ import traceback
 
 import numpy as np
 
-from .checkpoint import read_checkpoint, save_checkpoint
+from ..checkpoint import read_checkpoint, save_checkpoint
+from .zero import ShardedOptimizer
 
 # Set by the launchers in each process they start: MPICH/Hydra and Intel MPI (PMI_*), Open MPI
 # (OMPI_*), PMIx launchers and Slurm's srun (PMIX_*). Without one, the process was not launched
@@ -252,7 +254,7 @@ class DataParallel:
 
     def clip_grad_norm(self, model, max_norm):
         """``optim.clip_grad_norm`` of the reduced gradient; ZeRO-1: ‖g‖² = Σ_r ‖g_shard_r‖²."""
-        from .optim import clip_grad_norm
+        from ..optim import clip_grad_norm
         if not self.zero:
             return clip_grad_norm(model, max_norm)
         g = self.g_shard
@@ -281,7 +283,7 @@ class DataParallel:
     def load_checkpoint(self, path, model, optimizer=None, config=None, precision=None):
         """Every rank reads ``path`` (a file all hosts see) inside ``World.together``: a missing
         file or another model's checkpoint is the same ``RankError`` on every rank."""
-        from .checkpoint import load_checkpoint
+        from ..checkpoint import load_checkpoint
         with self.world.together(f"loading the checkpoint {path!r}"):
             if isinstance(optimizer, ShardedOptimizer):
                 meta = load_checkpoint(path, model, None, config, precision=precision)
@@ -289,123 +291,6 @@ class DataParallel:
             else:
                 meta = load_checkpoint(path, model, optimizer, config, precision=precision)
         return meta
-
-
-class _Shard:
-    """The model seen by a ZeRO-1 optimizer: one parameter ``"shard"``, this rank's slice θ[lo:hi]
-    of the flat buffer, with the reduced gradient shard as its gradient."""
-
-    def __init__(self, param, grad):
-        self.param, self.grad = param, grad
-
-    def named_parameters(self):
-        yield "shard", self.param, self.grad
-
-    def flat_buffers(self):
-        return None
-
-
-class ShardedOptimizer:
-    """ZeRO stage 1: rank r keeps the optimizer state (AdamW's m and v) of its shard of θ only.
-
-    ``step()`` updates θ[lo:hi] from the reduced gradient shard with the wrapped optimizer (an
-    elementwise update, so each number is updated exactly as the whole-model optimizer would),
-    then an in-place Allgatherv gives every rank the whole θ. ``lr`` and ``t`` are the wrapped
-    optimizer's; ``state_dict`` exists only on rank 0 after ``gathered()``.
-    """
-
-    def __init__(self, dp, make):
-        self.dp = dp
-        self.inner = make(_Shard(dp.P[dp.lo:dp.hi], dp.g_shard))
-
-    @property
-    def lr(self):
-        return self.inner.lr
-
-    @lr.setter
-    def lr(self, value):
-        self.inner.lr = value
-
-    @property
-    def t(self):
-        return self.inner.t
-
-    def step(self):
-        """Update this rank's shard, then gather the whole θ on every rank."""
-        self.inner.step()
-        self.gather_parameters()
-
-    def gather_parameters(self):
-        """θ[lo_r:hi_r] of every rank r into every rank's flat buffer: one in-place Allgatherv."""
-        dp = self.dp
-        if dp.world.size > 1:
-            from mpi4py import MPI
-            counts = np.diff(dp.bounds).tolist()                   # numbers per rank
-            dp.world.comm.Allgatherv(MPI.IN_PLACE, [dp.P, (counts, dp.bounds[:-1].tolist())])
-
-    def _names(self):
-        """``(name, offset, shape)`` of every parameter of the model in the flat buffer."""
-        P = self.dp.P
-        base = P.__array_interface__["data"][0]
-        out, seen = [], set()
-        for name, p, _ in self.dp.model.named_parameters():
-            if id(p) in seen:
-                continue
-            seen.add(id(p))
-            out.append((name, (p.__array_interface__["data"][0] - base) // P.itemsize, p.shape))
-        return out
-
-    def gathered(self):
-        """The whole-model ``state_dict`` (the keys the unsharded optimizer would write), gathered
-        on rank 0 (every rank must call); None on the other ranks."""
-        dp, world = self.dp, self.dp.world
-        inner_sd = self.inner.state_dict()
-        slots = {}
-        for key in list(inner_sd):
-            if isinstance(inner_sd[key], np.ndarray):
-                slot = key.split(".", 1)[0]                         # "m.shard" -> "m"
-                local = inner_sd.pop(key).reshape(-1)
-                full = np.empty(dp.P.size, local.dtype) if world.is_root else None
-                if world.size > 1:
-                    counts = np.diff(dp.bounds).tolist()
-                    world.comm.Gatherv(local, None if full is None else
-                                       [full, (counts, dp.bounds[:-1].tolist())], root=0)
-                else:
-                    full[...] = local
-                slots[slot] = full
-        if not world.is_root:
-            return None
-        sd = dict(inner_sd)
-        for slot, full in slots.items():
-            for name, at, shape in self._names():
-                sd[f"{slot}.{name}"] = full[at:at + int(np.prod(shape))].reshape(shape)
-        return _StateDict(sd)
-
-    def load_state_dict(self, sd):
-        """Take this rank's shard of a whole-model optimizer ``state_dict`` (any world size wrote it)."""
-        dp = self.dp
-        own = self.inner.state_dict()
-        slots = {k.split(".", 1)[0] for k, v in own.items() if isinstance(v, np.ndarray)}
-        inner_sd = {k: v for k, v in sd.items() if "." not in k}
-        for slot in slots:
-            full = np.empty(dp.P.size, dp.P.dtype)
-            for name, at, shape in self._names():
-                key = f"{slot}.{name}"
-                if key not in sd:
-                    raise ValueError(f"optimizer state: missing key {key!r}")
-                value = np.asarray(sd[key])
-                if value.shape != tuple(shape):
-                    raise ValueError(f"optimizer state {key!r}: expected shape {tuple(shape)}, got {value.shape}")
-                full[at:at + value.size] = value.reshape(-1)
-            inner_sd[f"{slot}.shard"] = full[dp.lo:dp.hi]
-        self.inner.load_state_dict(inner_sd)
-
-
-class _StateDict(dict):
-    """What ``save_checkpoint`` needs of an optimizer: ``state_dict()``."""
-
-    def state_dict(self):
-        return self
 
 
 # -- the algorithm inside MPI_Allreduce, written out -------------------------------------------
