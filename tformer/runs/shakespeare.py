@@ -36,6 +36,7 @@ from ..data.text import decode, encode, evaluate_loss
 from ..generate import sample
 from ..models.tinygpt import TinyGPT
 from ..optim import AdamW, cosine_with_warmup
+from ..progress import progress
 from ..provenance import load_average, record
 from ..train import train
 from .flags import nonnegative_int, positive_int
@@ -147,7 +148,7 @@ def samples(model, seed):
             for t in TEMPERATURES}
 
 
-def train_torch(seed, steps, data, total=RECIPE["steps"]):
+def train_torch(seed, steps, data, total=RECIPE["steps"], progress_bar=None):
     """The twin in PyTorch from seed ``seed``'s initial weights, on the same batches and schedule."""
     import torch
     from ..bench.torch_gpt import from_tinygpt
@@ -168,7 +169,7 @@ def train_torch(seed, steps, data, total=RECIPE["steps"]):
     evaluate = Timed(lambda: [loss_of(x, y) for x, y in windows.values()])
     curve, losses = [[0, *evaluate()]], []
     evaluate.seconds, t0 = 0.0, time.perf_counter()
-    for step in range(1, steps + 1):
+    for step in progress(range(1, steps + 1), enabled=progress_bar, desc=f"PyTorch seed {seed}"):
         for group in opt.param_groups:
             group["lr"] = schedule(step, total)
         x, y = (torch.from_numpy(a) for a in data.batch(step - 1))
