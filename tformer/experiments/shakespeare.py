@@ -29,7 +29,6 @@ import time
 
 import numpy as np
 
-from .. import functional as F
 from .. import parallel
 from ..atomic import write_json
 from ..data.shakespeare import PLAYS, fingerprint, shakespeare_data, shakespeare_text
@@ -37,9 +36,11 @@ from ..data.text import decode, encode, evaluate_loss
 from ..generate import sample
 from ..models.tinygpt import TinyGPT
 from ..optim import AdamW, cosine_with_warmup
-from .provenance import load_average, record
-from ..train import train
+from ..progress import progress
 from ..runs.flags import nonnegative_int, positive_int
+from ..runs.tinygpt import forward_loss
+from ..train import train
+from .provenance import load_average, record
 
 # nanoGPT's CPU run (README) on config/train_shakespeare_char.py, in tformer's names.
 RECIPE = dict(n_layers=4, n_heads=4, d_model=128, block_size=64, batch_size=12, steps=2000,
@@ -94,6 +95,19 @@ def eval_windows(data, n=EVAL_WINDOWS):
     return {s: data.windows(s, n) for s in ("train", "val")}
 
 
+class Timed:
+    """``fn`` wrapped to add the seconds of each call to ``.seconds`` (an evaluation's share)."""
+
+    def __init__(self, fn):
+        self.fn, self.seconds = fn, 0.0
+
+    def __call__(self, *args):
+        t = time.perf_counter()
+        out = self.fn(*args)
+        self.seconds += time.perf_counter() - t
+        return out
+
+
 def train_tformer(seed, steps=RECIPE["steps"], total=RECIPE["steps"], progress_bar=None):
     """The first ``steps`` steps of the ``total``-step recipe; ``(model, data, result)``.
 
@@ -101,26 +115,18 @@ def train_tformer(seed, steps=RECIPE["steps"], total=RECIPE["steps"], progress_b
     ``EVAL_EVERY`` steps, step 0 included) and ``seconds`` (total, and the evaluations' share).
     """
     model, opt, data = build(seed)
-    windows, spent = eval_windows(data), [0.0]
-
-    def evaluate(m):
-        t = time.perf_counter()
-        out = {s: evaluate_loss(m, x, y) for s, (x, y) in windows.items()}
-        spent[0] += time.perf_counter() - t
-        return out
-
-    start = evaluate(model.eval())
-    model.train()
-    spent[0] = 0.0                                   # the evaluations inside the timed run
+    windows = eval_windows(data)
+    evaluate = Timed(lambda m: {s: evaluate_loss(m, x, y) for s, (x, y) in windows.items()})
+    start = evaluate(model.eval())                        # step 0, before the timed run
+    evaluate.seconds = 0.0
     t = time.perf_counter()
-    hist = train(model, opt, data.batch, lambda m, b: F.cross_entropy(m.forward(b[0]), b[1]),
-                 steps, clip_norm=RECIPE["clip"], lr_schedule=lambda s: schedule(s, total),
-                 evaluate=evaluate, eval_every=EVAL_EVERY, progress_bar=progress_bar,
-                 desc=f"tformer seed {seed}")
-    total_s = time.perf_counter() - t
-    curve = [[0, start["train"], start["val"]]] + [[s, m["train"], m["val"]] for s, m in hist["eval"]]
-    return model.eval(), data, {"loss": hist["loss"], "curve": curve,
-                                "seconds": {"total": total_s, "eval": spent[0]}}
+    hist = train(model.train(), opt, data.batch, forward_loss, steps, clip_norm=RECIPE["clip"],
+                 lr_schedule=lambda s: schedule(s, total), evaluate=evaluate,
+                 eval_every=EVAL_EVERY, progress_bar=progress_bar, desc=f"tformer seed {seed}")
+    seconds = {"total": time.perf_counter() - t, "eval": evaluate.seconds}
+    curve = [[0, start["train"], start["val"]]]
+    curve += [[s, m["train"], m["val"]] for s, m in hist["eval"]]
+    return model.eval(), data, {"loss": hist["loss"], "curve": curve, "seconds": seconds}
 
 
 def final_metrics(model_loss, data):
@@ -142,7 +148,7 @@ def samples(model, seed):
             for t in TEMPERATURES}
 
 
-def train_torch(seed, steps, data):
+def train_torch(seed, steps, data, total=RECIPE["steps"], progress_bar=None):
     """The twin in PyTorch from seed ``seed``'s initial weights, on the same batches and schedule."""
     import torch
     from ..bench.torch_gpt import from_tinygpt
@@ -152,7 +158,7 @@ def train_torch(seed, steps, data):
     r = RECIPE
     opt = torch.optim.AdamW(tm.parameters(), lr=r["lr"], betas=(r["beta1"], r["beta2"]),
                             eps=r["eps"], weight_decay=r["weight_decay"])
-    windows, spent = eval_windows(data), 0.0
+    windows = eval_windows(data)
 
     def loss_of(x, y):
         with torch.no_grad():
@@ -160,18 +166,12 @@ def train_torch(seed, steps, data):
             return float(torch.nn.functional.cross_entropy(z.reshape(-1, z.shape[-1]),
                                                            torch.from_numpy(y).reshape(-1)))
 
-    def evaluate():
-        nonlocal spent
-        t = time.perf_counter()
-        out = [loss_of(x, y) for x, y in windows.values()]
-        spent += time.perf_counter() - t
-        return out
-
+    evaluate = Timed(lambda: [loss_of(x, y) for x, y in windows.values()])
     curve, losses = [[0, *evaluate()]], []
-    spent, t0 = 0.0, time.perf_counter()
-    for step in range(1, steps + 1):
+    evaluate.seconds, t0 = 0.0, time.perf_counter()
+    for step in progress(range(1, steps + 1), enabled=progress_bar, desc=f"PyTorch seed {seed}"):
         for group in opt.param_groups:
-            group["lr"] = schedule(step, r["steps"])
+            group["lr"] = schedule(step, total)
         x, y = (torch.from_numpy(a) for a in data.batch(step - 1))
         z = tm(x)
         loss = torch.nn.functional.cross_entropy(z.reshape(-1, z.shape[-1]), y.reshape(-1))
@@ -184,8 +184,8 @@ def train_torch(seed, steps, data):
             tm.eval()
             curve.append([step, *evaluate()])
             tm.train()
-    total = time.perf_counter() - t0
-    return loss_of, {"loss": losses, "curve": curve, "seconds": {"total": total, "eval": spent},
+    seconds = {"total": time.perf_counter() - t0, "eval": evaluate.seconds}
+    return loss_of, {"loss": losses, "curve": curve, "seconds": seconds,
                      "threads": torch.get_num_threads(), "torch": torch.__version__}
 
 
@@ -233,7 +233,7 @@ def main(args):
     if not args.no_torch:
         seed = args.seeds[0]
         data = build(seed)[2]
-        loss_of, run = train_torch(seed, args.steps, data)
+        loss_of, run = train_torch(seed, args.steps, data, total=args.steps)
         run["seed"] = seed
         run["final"] = final_metrics(loss_of, data)
         run["loss"] = _round(run["loss"])
