@@ -289,3 +289,35 @@ def test_bpe_compare_command(tmp_path):
     bad = subprocess.run(cmd[:4] + ["--vocab-sizes", "100"], capture_output=True, text=True,
                          env=env, cwd=str(tmp_path))
     assert bad.returncode != 0 and "--vocab-sizes: expected sizes ≥ 256" in bad.stderr
+
+
+def test_run_tinygpt_on_bpe_tokens_and_generate(tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_bytes(stdlib_documents(("difflib",))[0][1])
+    ckpt = tmp_path / "m.npz"
+    env = dict(os.environ, TFORMER_PROGRESS="0")
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "tformer", *args, "--threads", "1"],
+                              capture_output=True, text=True, env=env, cwd=str(tmp_path))
+
+    train = run("run", "tinygpt", "--text", str(text), "--bpe", "300", "--steps", "4",
+                "--warmup", "1", "--eval-every", "2", "--eval-windows", "2", "--batch-size", "2",
+                "--d-model", "16", "--n-layers", "1", "--max-len", "16", "--checkpoint",
+                str(ckpt), "--no-progress", "--sample-tokens", "4", "--temperatures", "1")
+    assert train.returncode == 0, train.stderr
+    tok_path = tmp_path / "m.tokenizer.json"
+    tok = BPETokenizer.load(tok_path)
+    assert tok.vocab_size == 300 and "bytes/token" in train.stdout
+    gen = run("generate", "--checkpoint", str(ckpt), "--tokenizer", str(tok_path),
+              "--prompt", "def ", "--max-new-tokens", "5")
+    assert gen.returncode == 0, gen.stderr
+    assert gen.stdout.startswith("def ")
+    missing = run("generate", "--checkpoint", str(ckpt), "--prompt", "def ")
+    assert missing.returncode == 2 and "--tokenizer: the model reads 300 tokens" in missing.stderr
+    other = tmp_path / "other.json"
+    BPETokenizer.train("abc abc", 258).save(other)
+    wrong = run("generate", "--checkpoint", str(ckpt), "--tokenizer", str(other), "--prompt", "R")
+    assert wrong.returncode == 2 and "expected a tokenizer of the model's 300 tokens" in wrong.stderr
+    small = run("run", "tinygpt", "--bpe", "100", "--steps", "1")
+    assert small.returncode == 2 and "--bpe: expected a vocabulary of at least 256" in small.stderr

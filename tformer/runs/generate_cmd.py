@@ -1,10 +1,13 @@
 """``python -m tformer generate --checkpoint PATH --prompt TEXT``: write text from a saved TinyGPT.
 
 The checkpoint holds the model's configuration, so the model is rebuilt from it before the weights
-are loaded; the prompt is UTF-8 encoded into bytes, the model's tokens.
+are loaded; the prompt is UTF-8 encoded into bytes, the model's tokens. A model trained on BPE tokens
+(``run tinygpt --bpe V``) needs its tokenizer: ``--tokenizer FILE`` encodes the prompt and decodes
+the output with it.
 """
 import sys
 
+from ..bpe import BPETokenizer
 from ..checkpoint import read_checkpoint
 from ..data.text import decode, encode
 from ..generate import sample
@@ -32,6 +35,9 @@ def add_arguments(p):
     p.add_argument("--top-p", type=float, default=None, help="sample only from the nucleus of mass p")
     p.add_argument("--seed", type=int, default=0, help="seed of the draws: the same seed, the same text")
     p.add_argument("--no-cache", action="store_true", help="recompute everything at every step")
+    p.add_argument("--tokenizer", metavar="FILE", default=None,
+                   help="the BPE tokenizer a model trained on tokens was trained with "
+                        "(run tinygpt --bpe V saves it beside the checkpoint)")
     finetune.add_generate_arguments(p)
 
 
@@ -65,8 +71,28 @@ def main(args):
         raise UsageError(f"--checkpoint: expected a checkpoint saved by `python -m tformer run "
                          f"tinygpt`, got {args.checkpoint!r}: {str(e).removeprefix('path: ')}") from None
     model = finetune.load_generate_adapter(args, model)     # --adapter: LoRA, merged
-    prompt = encode(args.prompt)
+    to_ids, to_text = _codec(args.tokenizer, model.config["vocab_size"])
+    prompt = to_ids(args.prompt)
     out = sample(model, prompt[None, :], args.max_new_tokens, temperature=args.temperature,
                  top_k=args.top_k, top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache)
-    sys.stdout.write(decode(out[0]) + "\n")
+    sys.stdout.write(to_text(out[0]) + "\n")
     return 0
+
+
+def _codec(path, vocab_size):
+    """``(encode, decode)``: bytes for a byte model, else the BPE tokenizer at ``path``, whose
+    vocabulary must be the model's."""
+    if path is None:
+        if vocab_size != 256:
+            raise UsageError(f"--tokenizer: the model reads {vocab_size} tokens, not the 256 "
+                             f"bytes; expected the tokenizer it was trained with, got none")
+        return encode, decode
+    try:
+        tokenizer = BPETokenizer.load(path)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--tokenizer: expected a tokenizer file saved by run tinygpt --bpe, "
+                         f"got {path!r}: {str(e).removeprefix('path: ')}") from None
+    if tokenizer.vocab_size != vocab_size:
+        raise UsageError(f"--tokenizer: expected a tokenizer of the model's {vocab_size} tokens, "
+                         f"got {tokenizer.vocab_size} in {path!r}")
+    return tokenizer.encode, tokenizer.decode

@@ -11,6 +11,12 @@ and rank 0 alone prints and writes the checkpoint; ``--zero`` also shards AdamW'
 ``--resume`` continues from ``--checkpoint`` (written every ``--checkpoint-every`` steps) bit for bit
 in the same world size, and in any other up to float rounding.
 
+``--bpe V`` trains a byte-level BPE tokenizer of V tokens on the training split first (``tformer.bpe``,
+seconds), writes it to ``--tokenizer`` (default: beside the checkpoint), and trains TinyGPT with
+``vocab_size=V`` on its tokens; ``--tokenizer FILE`` alone trains on the tokens of a saved tokenizer.
+The losses stay in bits per *byte* of the same text (``tformer.data.tokens``), so runs on bytes and
+on tokens compare; ``generate --tokenizer FILE`` writes from such a model.
+
 ``python -m tformer`` splits tformer's kernels over every core the process may use and holds BLAS at
 one thread per call meanwhile (``tformer.parallel``; ``--threads N`` or ``TFORMER_NUM_THREADS`` say
 otherwise, see ``tformer/__main__.py``). The default run takes a few minutes on 2 cores.
@@ -20,13 +26,15 @@ import os
 import time
 
 from .. import functional as F
+from ..bpe import BPETokenizer
 from ..checkpoint import load_checkpoint, save_checkpoint
 from ..data.shakespeare import shakespeare_data
 from ..data.text import TextData, bits_per_byte, decode, encode, evaluate_loss, unigram_cross_entropy
-from ..scaling.mpi import DataParallel, RankError, check_global_batch, get_world, local_slice
+from ..data.tokens import TokenData
 from ..generate import sample
 from ..models.tinygpt import TinyGPT
 from ..optim import AdamW, cosine_with_warmup
+from ..scaling.mpi import DataParallel, RankError, check_global_batch, get_world, local_slice
 from ..scaling.precision import PRECISIONS, precision_policy
 from ..train import train
 from . import finetune
@@ -52,6 +60,12 @@ def add_arguments(p):
     g.add_argument("--val-fraction", type=probability, default=0.1, help="share of each document held out")
     g.add_argument("--eval-windows", type=positive_int, default=128,
                    help="fixed windows of each split used to measure train/val loss")
+    g.add_argument("--bpe", type=positive_int, default=None, metavar="V",
+                   help="train a byte-level BPE tokenizer of V ≥ 256 tokens on the training split "
+                        "and TinyGPT on its tokens (T then counts tokens); it is saved to --tokenizer")
+    g.add_argument("--tokenizer", metavar="FILE", default=None,
+                   help="with --bpe: where to save the tokenizer (default: the checkpoint's path "
+                        "+ .tokenizer.json); alone: train on the tokens of this saved tokenizer")
     g = p.add_argument_group("model")
     g.add_argument("--d-model", type=positive_int, default=128, help="width C")
     g.add_argument("--n-heads", type=positive_int, default=4, help="attention heads (the seed's is 1)")
@@ -126,6 +140,14 @@ def check_args(args):
     if args.text and args.corpus != "python":
         raise ValueError(f"--text: trains on a file instead of a corpus; expected no --corpus, "
                          f"got --corpus {args.corpus}")
+    if args.bpe is not None and args.bpe < 256:
+        raise ValueError(f"--bpe: expected a vocabulary of at least 256 tokens (the bytes), got {args.bpe}")
+    if args.bpe is None and args.tokenizer and not os.path.isfile(args.tokenizer):
+        raise ValueError(f"--tokenizer: expected a tokenizer file (or --bpe V to train one), "
+                         f"got no such file {args.tokenizer!r}")
+    if (args.bpe or args.tokenizer) and getattr(args, "base", None):
+        raise ValueError("--bpe, --tokenizer: a fine-tuned --base model keeps its own vocabulary; "
+                         "expected neither with --base")
 
 
 def _data(args):
@@ -136,8 +158,30 @@ def _data(args):
     return TextData.from_stdlib(args.max_len, args.batch_size, args.val_fraction, args.seed)
 
 
+def _tokenize(args, data):
+    """``(data, tokenizer)``: with ``--bpe`` or ``--tokenizer``, the splits as BPE token ids."""
+    if args.bpe is None and not args.tokenizer:
+        return data, None
+    if args.bpe is None:
+        tokenizer = BPETokenizer.load(args.tokenizer)
+    else:
+        tokenizer = BPETokenizer.train(data.train.tobytes(), args.bpe)
+        path = args.tokenizer or f"{os.path.splitext(args.checkpoint)[0]}.tokenizer.json"
+        if get_world().is_root:
+            tokenizer.save(path)
+        print(f"tokenizer: {tokenizer.vocab_size} tokens trained on the training split, saved to {path}")
+    tokens = TokenData.encode(data, tokenizer)
+    print(f"tokens: {tokens.train.size:,} train, {tokens.val.size:,} val, "
+          f"{tokens.bytes_per_token():.3f} bytes/token (a window of T tokens spans "
+          f"{args.max_len * tokens.bytes_per_token():.0f} bytes)")
+    return tokens, tokenizer
+
+
 def make_evaluate(data, n_windows):
     """``evaluate(model) -> {"train_bpb", "val_bpb"}`` on fixed windows of each split."""
+    if isinstance(data, TokenData):                      # bits per byte of the text the tokens spell
+        return lambda model: {f"{s}_bpb": data.bits_per_byte(model, s, n_windows)
+                              for s in ("train", "val")}
     splits = {s: data.windows(s, n_windows) for s in ("train", "val")}
 
     def evaluate(model):
@@ -186,8 +230,10 @@ def main(args):
           f"fingerprint {data.fingerprint()}")
     print(f"unigram entropy of the corpus: {H:.3f} bits/byte "
           f"(a unigram model fitted on train scores {H_val:.3f} on val)")
+    data, tokenizer = _tokenize(args, data)
     model = TinyGPT(d_model=args.d_model, n_heads=args.n_heads, n_layers=args.n_layers,
                     max_len=args.max_len, seed=args.seed, d_ff=args.d_ff, norm=args.norm,
+                    vocab_size=tokenizer.vocab_size if tokenizer else 256,
                     positions=args.positions, mlp=args.mlp, n_kv_heads=args.n_kv_heads,
                     tie_embeddings=args.tie_embeddings, attention=args.attention,
                     norm_position=args.norm_position,
@@ -243,7 +289,8 @@ def main(args):
         "data": {"text": args.text, "corpus": args.corpus, "block_size": args.max_len,
                  "batch_size": args.batch_size,
                  "val_fraction": args.val_fraction, "seed": args.seed,
-                 "eval_windows": args.eval_windows}})
+                 "eval_windows": args.eval_windows,
+                 "tokenizer_merges": len(tokenizer.merges) if tokenizer else None}})
     finetune.finish(args, model)               # --lora: the adapter file
     if not world.is_root:                                    # rank 0 alone prints the samples
         return 0 if math.isfinite(final["val_bpb"]) else 1
@@ -257,13 +304,14 @@ def main(args):
     print(f"checkpoint: {args.checkpoint} (training {train_time:.0f} s for {done} steps, "
           f"{done / train_time if train_time else float('nan'):.2f} steps/s with the evaluations)")
     prompt_text = CORPUS_PROMPTS[args.corpus] if args.prompt is None else args.prompt
-    prompt = encode(prompt_text)[None, :]                                  # (1, T0)
+    to_ids, to_text = (tokenizer.encode, tokenizer.decode) if tokenizer else (encode, decode)
+    prompt = to_ids(prompt_text)[None, :]                                  # (1, T0)
     if prompt.shape[1] == 0:
-        prompt = encode("\n")[None, :]
+        prompt = to_ids("\n")[None, :]
     for temp in (float(t) for t in args.temperatures.split(",") if t.strip()):
         out = sample(model, prompt, args.sample_tokens, temperature=temp, seed=args.seed)
         print(f"\n--- sample, temperature {temp:g} ---")
-        print(decode(out[0]))
+        print(to_text(out[0]))
     print(f"\ntotal {time.perf_counter() - t0:.0f} s")
     if not math.isfinite(final["val_bpb"]):
         return 1
