@@ -1,21 +1,25 @@
 """tformer: the Transformer, derived and built by hand.
 
-The package map, bottom to top (a module imports only from its own row or the rows above it;
-``tests/import_layers.py`` holds the same order and ``tests/test_imports.py`` enforces it):
+The package map, bottom to top. A module imports only from its own row or the rows above it:
+``tests/import_layers.py`` holds the same order and ``tests/test_imports.py`` enforces it.
 
-| concern | where |
-| --- | --- |
-| foundation | ``_dtypes``, ``_validate``, ``atomic`` (crash-clean files), ``progress``, ``rss``, ``source`` (``show_source``), ``gradcheck``, ``parallel`` (the thread pool a kernel splits its rows across) |
-| the mathematics | ``kernels/`` (one equation family per file) → ``functional`` → ``layers``, ``attention``, ``blocks``, ``modern_layers``, ``lora`` → ``models/`` (the five systems) |
-| training | ``optim``, ``schedules``, ``train`` (the one loop), ``checkpoint``, ``runlog``, ``lora_file`` |
-| scaling | ``scaling/``: ``recompute`` (gradient checkpointing), ``batch_threads`` (the batch cut across threads), ``precision`` (mixed precision), ``quantize`` (int8), ``mpi`` (data parallelism across processes), ``zero`` (ZeRO-1), ``step_memory`` (a step's peak, predicted) |
-| using a model | ``generate`` (greedy, sampling, the KV cache), ``beam``, ``bpe`` (the tokenizer) |
-| data | ``data/``: every task's data, generated or read locally, seeded |
-| commands | ``runs/``: ``python -m tformer run SYSTEM``, ``generate``, ``quantize`` (one flag vocabulary) |
-| experiments | ``experiments/``: the commands that write ``book/data/*.json``, with ``provenance`` (one recorder of commit, machine, load, command line) |
-| bench | ``bench/``: tformer against PyTorch and against the machine's GEMM peak |
-
-``recompute`` and ``batch_threads`` are how a model's blocks run (a model's own keywords choose
-them), so in the import order they sit just below ``models/``, though they live with the rest of
-the scaling.
+- **foundation**: ``_dtypes``, ``_validate``, ``atomic`` (crash-clean files), ``progress``,
+  ``rss``, ``source`` (``show_source``), ``gradcheck``, ``parallel`` (the thread pool a kernel
+  splits its rows across).
+- **the mathematics**: ``kernels/`` (one equation family per file) → ``functional`` →
+  ``layers``, ``attention``, ``blocks``, ``modern_layers``, ``lora`` → ``models/`` (the systems).
+- **training**: ``optim``, ``schedules``, ``train`` (the one loop), ``checkpoint``, ``runlog``,
+  ``lora_file``.
+- **scaling** (``scaling/``): ``recompute`` (gradient checkpointing), ``batch_threads`` (a
+  training batch cut across threads), ``precision`` (mixed precision), ``quantize`` (int8),
+  ``mpi`` (data parallelism across processes), ``zero`` (ZeRO-1), ``step_memory`` (a step's
+  peak memory, predicted). ``recompute`` and ``batch_threads`` are how a model's blocks run (the
+  model's own keywords choose them), so in the import order they sit just below ``models/``.
+- **using a model**: ``generate`` (greedy, sampling, the KV cache), ``beam``, ``bpe`` (the
+  tokenizer).
+- **data** (``data/``): every task's data, generated or read locally, seeded.
+- **commands** (``runs/``): ``python -m tformer run SYSTEM``, ``generate``, ``quantize``.
+- **experiments** (``experiments/``): the commands that write ``book/data/*.json``, and
+  ``provenance``, the one recorder of commit, machine, load and command line.
+- **bench** (``bench/``): tformer against PyTorch and against the machine's GEMM peak.
 """
