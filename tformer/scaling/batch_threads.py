@@ -1,5 +1,5 @@
 """Data parallelism across threads: a training batch cut into parts, each part's whole forward and
-backward pass run on one thread, the parts' gradients summed.
+backward pass run on one thread, the parts' gradients summed::
 
     logits[b₀:b₁] = f_θ(tokens[b₀:b₁])   for each part [b₀, b₁) of the B sequences, side by side
     ∂L/∂θ = Σ_parts ∂L/∂θ |part          (L is a sum over tokens, so its gradient is the parts' sum)

@@ -1,4 +1,4 @@
-"""ZeRO stage 1: each of p ranks keeps the optimizer state of its shard of the parameters only.
+"""ZeRO stage 1: each of p ranks keeps the optimizer state of its shard of the parameters only::
 
     rank r:  θ[lo_r:hi_r] ← update(θ[lo_r:hi_r], ḡ[lo_r:hi_r]; m_r, v_r)     then  θ ← Allgather_r θ[lo_r:hi_r]
 
