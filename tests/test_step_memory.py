@@ -1,4 +1,4 @@
-"""tformer.scaling.step_memory: chapter 21's count of a step's peak, against the peaks it was checked on."""
+"""tformer.scaling.step_memory: the count of a step's peak (Fitting in memory), against the peaks it was checked on."""
 import json
 import os
 

@@ -55,8 +55,9 @@ def check_fits(args, available=None):
     fix = ("it would fit with " + ", or ".join(ways) if ways else
            "not even --batch-size 1 --attention flash --gradient-checkpointing fits: a smaller "
            "--max-len, --d-model or --n-layers")
-    raise ValueError(f"--max-len, --batch-size: expected a run whose predicted peak (chapter 21's "
-                     f"count of a training step, tformer.scaling.step_memory) fits in the "
+    raise ValueError(f"--max-len, --batch-size: expected a run whose predicted peak (the count of "
+                     f"a training step of the chapter Fitting in memory, tformer.scaling."
+                     f"step_memory) fits in the "
                      f"{gib(available)} available, got {gib(need)} for B={args.batch_size}, "
                      f"T={args.max_len}, C={args.d_model}, L={args.n_layers}, "
                      f"{args.attention} attention; {fix}")

@@ -1,6 +1,7 @@
-"""The peak memory of one TinyGPT training step, predicted: chapter 21's count, as a function.
+"""The peak memory of one TinyGPT training step, predicted: the count of the chapter
+Fitting in memory, as a function.
 
-Chapter 21 ("Fitting in memory") counts what each kernel of a pre-norm block keeps for the
+The chapter "Fitting in memory" counts what each kernel of a pre-norm block keeps for the
 backward pass (``M_block``), the head's caches, the work arrays ``S`` of the backward pass and
 the gradients in flight, and checks the sum against the ``tracemalloc`` peak of a real step
 (within 3 % for T from 128 to 1024, ``book/data/fitting_in_memory.json``):
