@@ -64,90 +64,141 @@ def train(model, optimizer, batch, forward_loss, steps, *, start_step=0, accum_s
     ``(step, metrics)`` pairs); with ``precision`` also ``loss_scale`` (S of each logged step) and
     ``skipped`` (the steps skipped on overflow; their ``grad_norm`` is NaN).
     """
-    if accum_steps < 1:
-        raise ValueError(f"accum_steps: expected an integer ≥ 1, got {accum_steps}")
-    if steps < start_step:
-        raise ValueError(f"steps: expected at least start_step = {start_step}, got {steps}")
-    hist = {"step": [], "loss": [], "lr": [], "grad_norm": [], "clip_ratio": [], "time": [],
-            "eval": []}
-    if precision is not None:
-        if data_parallel is not None and data_parallel.zero:
-            raise ValueError("precision: mixed precision with ZeRO-1 (sharded gradients) is not "
-                             "supported; use data parallelism without zero")
-        hist.update(loss_scale=[], skipped=[])
-        precision.refresh()                        # the copies follow the masters (e.g. just loaded)
-    last_good = None
-    t0 = time.perf_counter()
+    _check_args(accum_steps, steps, start_step, precision, data_parallel)
+    mp = precision if precision is not None else FULL_PRECISION
+    dp = data_parallel if data_parallel is not None else ONE_PROCESS
+    hist = _new_history(precision is not None)
+    mp.refresh()                                   # the copies follow the masters (e.g. just loaded)
+    last_good, t0 = None, time.perf_counter()
     model.train()
     bar = progress(range(start_step + 1, steps + 1), enabled=progress_bar, desc=desc)
     for step in bar:
         if lr_schedule is not None:
             optimizer.lr = lr_schedule(step)
-        model.zero_grad()
-        loss, cause = 0.0, None
-        for i in range(accum_steps):
-            for w, b in micro_batches(batch((step - 1) * accum_steps + i)):
-                try:
-                    l, dout = forward_loss(model, b)
-                except FloatingPointError as e:    # a loss kernel refusing inf/NaN input
-                    l, cause = float("nan"), e
-                loss += w * l / accum_steps
-                if not math.isfinite(loss):
-                    if data_parallel is None:
-                        break
-                    continue                       # the other ranks wait for this one's gradient
-                dout = dout / accum_steps if accum_steps > 1 else dout
-                dout = dout * w if w != 1.0 else dout
-                if precision is not None:
-                    precision.backward(model, dout)      # from S · dout, in the low precision
-                else:
-                    model.backward(dout)
-            if not math.isfinite(loss) and data_parallel is None:
-                break
-        if data_parallel is not None:              # g ← (1/p) Σ_r g_r, and the mean loss
-            loss = data_parallel.reduce_gradients(model, loss)
-        if not math.isfinite(loss):
-            where = f"; the last good checkpoint is {last_good}" if last_good else ""
-            raise NonFiniteLossError(f"step {step}: the loss is {loss}; training stopped before "
-                                     f"the update{where}") from cause
-        clip = data_parallel.clip_grad_norm if data_parallel is not None else clip_grad_norm
-        scale = precision.loss_scale if precision is not None else 1.0
-        skip = not _unscale(precision, step, last_good)          # fp16 overflow: no update, S halved
-        norm = float("nan") if skip else clip(model, clip_norm or NO_CLIP)   # clips if finite, too big
-        if not skip and not math.isfinite(norm):
-            where = f"; the last good checkpoint is {last_good}" if last_good else ""
-            raise NonFiniteLossError(f"step {step}: the gradient norm is {norm}; training stopped "
-                                     f"before the update{where}")
+        scale = mp.loss_scale
+        loss, cause = accumulate_gradients(model, batch, forward_loss, step, accum_steps, mp, dp)
+        _stop_unless_finite(loss, "the loss", step, last_good, cause)
+        skip = not _unscale(mp, step, last_good)                 # fp16 overflow: no update, S halved
+        norm = float("nan") if skip else dp.clip_grad_norm(model, clip_norm or NO_CLIP)
         if skip:
             hist["skipped"].append(step)
         else:
+            _stop_unless_finite(norm, "the gradient norm", step, last_good)
             optimizer.step()
-            if precision is not None:
-                precision.refresh()                              # masters → low-precision copies
+            mp.refresh()                                         # masters → low-precision copies
         if step % log_every == 0 or step == steps:
-            hist["step"].append(step)
-            hist["loss"].append(loss)
-            hist["lr"].append(float(getattr(optimizer, "lr", float("nan"))))
-            hist["grad_norm"].append(norm)
-            hist["clip_ratio"].append(clip_ratio(norm, clip_norm))
-            hist["time"].append(time.perf_counter() - t0)
-            if precision is not None:
-                hist["loss_scale"].append(scale)
+            _record(hist, step, loss, optimizer, norm, clip_norm, time.perf_counter() - t0, scale)
         if evaluate is not None and ((eval_every and step % eval_every == 0) or step == steps):
             model.eval()
             hist["eval"].append((step, evaluate(model)))
             model.train()
-        if checkpoint_path and ((checkpoint_every and step % checkpoint_every == 0) or step == steps):
-            save = data_parallel.save_checkpoint if data_parallel is not None else save_checkpoint
-            save(checkpoint_path, model, optimizer, config, step, extra={"steps": steps},
-                 precision=precision)
+        saving = checkpoint_path and checkpoint_every and step % checkpoint_every == 0
+        if checkpoint_path and (saving or step == steps):
+            dp.save_checkpoint(checkpoint_path, model, optimizer, config, step,
+                               extra={"steps": steps}, precision=precision)
             last_good = os.fspath(checkpoint_path)
-        if log_path and (step == steps or (checkpoint_path and checkpoint_every
-                                           and step % checkpoint_every == 0)):
+        if log_path and (saving or step == steps):
             write_history(log_path, hist)
         if hasattr(bar, "set_postfix") and not bar.disable:
             bar.set_postfix(loss=f"{loss:.4g}", gnorm=f"{norm:.3g}", refresh=False)
     return hist
+
+
+def accumulate_gradients(model, batch, forward_loss, step, accum_steps, mp, dp):
+    """The step's loss L = (1/k) Σ_i Σ_j w_j L_ij over its k micro-batches (each batch possibly cut
+    into weighted parts j), and ∂L/∂θ accumulated into the model's gradients: each backward pass
+    starts from w_j · dout / k (times S with mixed precision). With several processes the gradient
+    and the loss are then averaged over the ranks. Returns ``(loss, cause)``: ``cause`` is the
+    error of a loss kernel that refused inf/NaN input (the loss is then NaN), else None."""
+    model.zero_grad()
+    loss, cause = 0.0, None
+    for i in range(accum_steps):
+        for w, b in micro_batches(batch((step - 1) * accum_steps + i)):
+            try:
+                l, dout = forward_loss(model, b)
+            except FloatingPointError as e:        # a loss kernel refusing inf/NaN input
+                l, cause = float("nan"), e
+            loss += w * l / accum_steps
+            if not math.isfinite(loss):
+                if dp is ONE_PROCESS:
+                    return loss, cause
+                continue                           # the other ranks wait for this one's gradient
+            dout = dout / accum_steps if accum_steps > 1 else dout
+            dout = dout * w if w != 1.0 else dout
+            mp.backward(model, dout)               # from S · dout, in the low precision if mixed
+    return dp.reduce_gradients(model, loss), cause       # g ← (1/p) Σ_r g_r, and the mean loss
+
+
+class _FullPrecision:
+    """What ``train`` asks of a precision policy, for float32/float64 training: no loss scale,
+    no low-precision copies, no step to skip (``tformer.scaling.precision.MixedPrecision`` is the
+    other policy)."""
+    loss_scale = 1.0
+
+    def backward(self, model, dout):
+        return model.backward(dout)
+
+    def unscale_(self):
+        return True
+
+    def refresh(self):
+        pass
+
+
+class _OneProcess:
+    """What ``train`` asks of data parallelism, for one process: nothing to average
+    (``tformer.scaling.mpi.DataParallel`` is the hook for several)."""
+
+    def reduce_gradients(self, model, loss):
+        return loss
+
+    def clip_grad_norm(self, model, max_norm):
+        return clip_grad_norm(model, max_norm)
+
+    def save_checkpoint(self, *args, **kwargs):
+        return save_checkpoint(*args, **kwargs)
+
+
+FULL_PRECISION, ONE_PROCESS = _FullPrecision(), _OneProcess()
+
+
+def _check_args(accum_steps, steps, start_step, precision, data_parallel):
+    if accum_steps < 1:
+        raise ValueError(f"accum_steps: expected an integer ≥ 1, got {accum_steps}")
+    if steps < start_step:
+        raise ValueError(f"steps: expected at least start_step = {start_step}, got {steps}")
+    if precision is not None and data_parallel is not None and data_parallel.zero:
+        raise ValueError("precision: mixed precision with ZeRO-1 (sharded gradients) is not "
+                         "supported; use data parallelism without zero")
+
+
+def _new_history(mixed):
+    hist = {"step": [], "loss": [], "lr": [], "grad_norm": [], "clip_ratio": [], "time": [],
+            "eval": []}
+    if mixed:
+        hist.update(loss_scale=[], skipped=[])
+    return hist
+
+
+def _record(hist, step, loss, optimizer, norm, clip_norm, seconds, scale):
+    """One logged step: its loss, learning rate, gradient norm and clip ratio, time, loss scale."""
+    hist["step"].append(step)
+    hist["loss"].append(loss)
+    hist["lr"].append(float(getattr(optimizer, "lr", float("nan"))))
+    hist["grad_norm"].append(norm)
+    hist["clip_ratio"].append(clip_ratio(norm, clip_norm))
+    hist["time"].append(seconds)
+    if "loss_scale" in hist:
+        hist["loss_scale"].append(scale)
+
+
+def _stop_unless_finite(value, what, step, last_good, cause=None):
+    """Raise ``NonFiniteLossError`` before the update if ``value`` is inf/NaN (parameters and the
+    last checkpoint on disk stay those of the last good step)."""
+    if not math.isfinite(value):
+        where = f"; the last good checkpoint is {last_good}" if last_good else ""
+        raise NonFiniteLossError(f"step {step}: {what} is {value}; training stopped before the "
+                                 f"update{where}") from cause
 
 
 def micro_batches(b):
@@ -164,12 +215,10 @@ def clip_ratio(norm, clip_norm):
     return clip_norm / norm
 
 
-def _unscale(precision, step, last_good):
-    """Mixed precision: unscale the gradients; False if they overflowed (skip this step)."""
-    if precision is None:
-        return True
+def _unscale(mp, step, last_good):
+    """Unscale the gradients (mixed precision); False if they overflowed (skip this step)."""
     try:
-        return precision.unscale_()
+        return mp.unscale_()
     except FloatingPointError as e:
         where = f"; the last good checkpoint is {last_good}" if last_good else ""
         raise NonFiniteLossError(f"step {step}: {e}; training stopped before the update{where}") from e
