@@ -153,20 +153,27 @@ class Module:
 
         Raises ValueError naming the parameter on a missing or unexpected key or a shape mismatch.
         """
-        own = {name: p for name, p, _ in self.named_parameters()}
-        missing = sorted(set(own) - set(state))
-        unexpected = sorted(set(state) - set(own))
-        if missing or unexpected:
-            raise ValueError(f"state: missing keys {missing}, unexpected keys {unexpected}")
-        for name, p in own.items():
-            value = np.asarray(state[name])
-            if value.shape != p.shape:
-                raise ValueError(f"state[{name!r}]: expected shape {p.shape}, got {value.shape}")
-            np.copyto(p, value.astype(p.dtype, copy=False))
+        copy_state({name: p for name, p, _ in self.named_parameters()}, state)
         return self
 
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
+
+
+def copy_state(own, state):
+    """Copy ``state[name]`` into each array of ``own`` (``{name: array}``), in place, in its dtype.
+
+    Checked in full first: a missing or unexpected key or a shape mismatch raises ValueError
+    naming it, and nothing is copied."""
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    if missing or unexpected:
+        raise ValueError(f"state: missing keys {missing}, unexpected keys {unexpected}")
+    values = {name: np.asarray(state[name]) for name in own}
+    for name, p in own.items():
+        if values[name].shape != p.shape:
+            raise ValueError(f"state[{name!r}]: expected shape {p.shape}, got {values[name].shape}")
+    for name, p in own.items():
+        np.copyto(p, values[name].astype(p.dtype, copy=False))
 
 
 class ModuleList(Module):

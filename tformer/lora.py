@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from .layers import Linear, Module
+from .layers import Linear, Module, copy_state
 
 # Target names beyond a layer's own name (``qkv``, ``o``, ``fc1``, ``lm_head``, ...): groups.
 GROUPS = {"attn": ("qkv", "q", "k", "v", "o"), "mlp": ("fc1", "fc2")}
@@ -252,15 +252,7 @@ class Adapters:
 
     def load_state_dict(self, state):
         """Copy A and B in from ``state``; ValueError on missing/unexpected keys or shapes."""
-        own = {name: p for name, p, _ in self.named_parameters()}
-        missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
-        if missing or unexpected:
-            raise ValueError(f"state: missing keys {missing}, unexpected keys {unexpected}")
-        for name, p in own.items():
-            value = np.asarray(state[name])
-            if value.shape != p.shape:
-                raise ValueError(f"state[{name!r}]: expected shape {p.shape}, got {value.shape}")
-            np.copyto(p, value.astype(p.dtype, copy=False))
+        copy_state({name: p for name, p, _ in self.named_parameters()}, state)
         return self
 
     def forward(self, *args, **kwargs):
