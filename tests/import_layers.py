@@ -26,6 +26,7 @@ LAYERS = [
                     "tformer.atomic", "tformer.progress", "tformer.rss", "tformer.source",
                     "tformer.gradcheck"]),
     ("kernels", ["tformer.kernels", "tformer.kernels.*"]),
+    ("fast kernels", ["tformer.fast", "tformer.fast.*"]),
     ("functional", ["tformer.functional"]),
     ("layers", ["tformer.layers"]),
     ("attention and blocks", ["tformer.attention", "tformer.modern_layers", "tformer.blocks",

@@ -1,0 +1,13 @@
+"""The faster versions of the kernels: the ones the layers and models call.
+
+Each file here matches a file of ``tformer/kernels/``. The kernel there is the chapter's equation,
+written as the derivation reads; the function here computes the same thing faster: it splits rows
+across threads (``tformer.parallel``), writes into buffers it is given (``out=``) or adds into
+running gradients (``accumulate=``), multiplies float16/bfloat16 with float32 sums, skips the
+masked tiles of causal attention, shares keys across query heads. Each is listed in the chapter
+that teaches what makes it faster (Performance, Fewer bits, The online softmax, The modern block),
+and ``tests/test_fast_kernels.py`` holds it equal to its kernel.
+
+Nothing here checks its arguments: input is checked once, where it enters (``tformer.functional``,
+the modules, the models, the command line), not in the inner loop of a training step.
+"""
