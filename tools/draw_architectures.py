@@ -45,7 +45,7 @@ COLOURS = {                       # fill colours by kind (colour-blind-safe, lig
 #   ("repeat", text) ... ("end",)     a dashed frame around the repeated block, labelled text
 SYSTEMS = {
     "attention_layer": dict(
-        title="Attention layer\n(seed 001, chapter 8)",
+        title="Single attention layer\n(one head)",
         items=[("io", "X  (B, T, d)"),
                ("box", r"$Q, K, V = XW_q, XW_k, XW_v$", "attn"),
                ("box", r"$\mathrm{softmax}(QK^\top/\sqrt{d})\,V$", "attn"),
@@ -53,7 +53,7 @@ SYSTEMS = {
                ("io", "Y  (B, T, d)"),
                ("note", "one head, no biases,\nno residual, no LayerNorm")]),
     "two_layer": dict(
-        title="Two-layer transformer\n(seed 000, chapter 9)",
+        title="Two-layer transformer\n(no LayerNorm)",
         items=[("io", "X  (B, T, d)"),
                ("repeat", "× 2"),
                ("skip",),
@@ -66,7 +66,7 @@ SYSTEMS = {
                ("io", "Y  (B, T, d)"),
                ("note", "no biases,\nno LayerNorm")]),
     "encoder": dict(
-        title="Post-LN encoder\n(seed 003, chapter 10)",
+        title="Post-LN encoder\n(bidirectional)",
         items=[("io", "X  (B, T, d)"),
                ("box", "+ sinusoidal PE", "embed"),
                ("repeat", "× N"),
@@ -82,7 +82,7 @@ SYSTEMS = {
                ("io", "Ŷ  (B, T, d)"),
                ("note", "bidirectional (no mask);\nno final LayerNorm")]),
     "transformer": dict(
-        title="Complete Transformer\n(seed 002, chapter 11)",
+        title="Complete Transformer\n(decoder-only here)",
         items=[("io", "tokens  (B, T)"),
                ("box", r"embedding $\cdot\sqrt{C}$", "embed"),
                ("box", "+ sinusoidal PE, dropout", "embed"),
@@ -103,7 +103,7 @@ SYSTEMS = {
                ("io", "logits  (B, T, V)"),
                ("note", "decoder-only; mask =\ncausal AND padding")]),
     "tinygpt": dict(
-        title="TinyGPT\n(seed 004, chapter 12)",
+        title="TinyGPT\n(byte-level, pre-norm)",
         items=[("io", "bytes  (B, T)"),
                ("box", r"$W_{te}[t] + W_{pe}[0{:}T]$", "embed"),
                ("repeat", "× N"),
