@@ -10,11 +10,42 @@
 Shapes: ``x: (B, T, C)`` -> ``(B, T, C)``. Each residual sum sends its gradient down both paths,
 so every backward adds the branch's input gradient to the skip connection's.
 """
+from typing import Callable, NamedTuple
+
 import numpy as np
 
 from .attention import MultiHeadAttention
 from .layers import Dropout, FeedForward, LayerNorm, Module, _rng
 from .modern_layers import SwiGLUFeedForward, norm_layer
+
+
+class BlockParts(NamedTuple):
+    """The layer classes of a pre-norm block: ``norm(C, eps, dtype)``, ``attention(C, H, **kw)``,
+    ``ffn(C, d_ff, activation, bias, **kw)``."""
+    norm: Callable
+    attention: Callable
+    ffn: Callable
+
+
+SEED_004_PARTS = BlockParts(LayerNorm, MultiHeadAttention, FeedForward)
+
+
+def modern_parts(norm="layernorm", n_kv_heads=None, rope=False, attention="plain"):
+    """The modern block's layer classes (The modern block): ``norm`` ("layernorm" or "rmsnorm")
+    for both norms; attention with ``n_kv_heads`` key/value heads (grouped-query), rotary
+    positions (``rope``) and the ``attention`` kernel ("plain" or "flash", the online softmax);
+    an ``activation="swiglu"`` feed-forward network is a SwiGLU one of width ``d_ff``."""
+    def make_norm(C, eps, dtype):
+        return norm_layer(norm, C, eps, dtype)
+
+    def make_attention(C, H, **kw):
+        return MultiHeadAttention(C, H, n_kv_heads=n_kv_heads, rope=rope, attention=attention, **kw)
+
+    def make_ffn(C, d_ff, activation, bias, **kw):
+        if activation == "swiglu":
+            return SwiGLUFeedForward(C, d_ff, bias, **kw)
+        return FeedForward(C, d_ff, activation, bias, **kw)
+    return BlockParts(make_norm, make_attention, make_ffn)
 
 
 class ResidualBlock(Module):
@@ -67,29 +98,24 @@ class PostNormBlock(Module):
 class PreNormBlock(Module):
     """X ← X + MHA(LN(X)),  X ← X + FFN(LN(X))  (seed 004: causal, fused W_qkv, GELU MLP, biases).
 
-    The modern block's switches (chapter 25): ``norm="rmsnorm"`` for both norms,
-    ``activation="swiglu"`` for a SwiGLU network of width ``d_ff`` (``SwiGLUFeedForward``),
-    ``n_kv_heads`` for grouped-query attention and ``rope=True`` for rotary positions.
-    ``attention="flash"``: the online-softmax kernel (chapter 24) instead of the plain one.
+    ``parts``: the classes of its norms, attention and feed-forward network, by default seed 004's
+    (``LayerNorm``, ``MultiHeadAttention``, ``FeedForward``); ``modern_parts(...)`` gives those
+    of the modern block (RMSNorm, grouped-query attention, RoPE, SwiGLU, the online softmax).
     """
 
     def __init__(self, d_model, n_heads=1, d_ff=None, activation="gelu", bias=True, causal=True,
-                 fused_qkv=True, dropout=0.0, rng=None, dtype=np.float32, init_std=0.02, eps=1e-5, seed=0,
-                 norm="layernorm", n_kv_heads=None, rope=False, attention="plain"):
+                 fused_qkv=True, dropout=0.0, rng=None, dtype=np.float32, init_std=0.02, eps=1e-5,
+                 seed=0, parts=None):
         super().__init__()
         rng = _rng(rng, seed)
-        self.ln1 = norm_layer(norm, d_model, eps, dtype)
-        self.attn = MultiHeadAttention(d_model, n_heads, bias=bias, fused_qkv=fused_qkv, causal=causal,
-                                       rng=rng, dtype=dtype, init_std=init_std, n_kv_heads=n_kv_heads,
-                                       rope=rope, attention=attention)
+        norm, attention, ffn = parts or SEED_004_PARTS
+        self.ln1 = norm(d_model, eps, dtype)
+        self.attn = attention(d_model, n_heads, bias=bias, fused_qkv=fused_qkv, causal=causal,
+                              rng=rng, dtype=dtype, init_std=init_std)
         self.drop1 = Dropout(dropout, rng)
-        self.ln2 = norm_layer(norm, d_model, eps, dtype)
-        if activation == "swiglu":
-            self.ffn = SwiGLUFeedForward(d_model, d_ff or 4 * d_model, bias, rng=rng, dtype=dtype,
-                                         init_std=init_std)
-        else:
-            self.ffn = FeedForward(d_model, d_ff or 4 * d_model, activation, bias, rng=rng, dtype=dtype,
-                                   init_std=init_std)
+        self.ln2 = norm(d_model, eps, dtype)
+        self.ffn = ffn(d_model, d_ff or 4 * d_model, activation, bias, rng=rng, dtype=dtype,
+                       init_std=init_std)
         self.drop2 = Dropout(dropout, rng)
 
     def forward(self, x, mask=None, kv_cache=None):
@@ -114,7 +140,7 @@ class PostNormGPTBlock(PreNormBlock):
     """Z = N₁(X + MHA(X)),  O = N₂(Z + FFN(Z)): ``PreNormBlock`` with its norms after the sums.
 
     The same layers, created in the same order (the same parameters from the same seed), and the
-    same keywords (norm, activation, n_kv_heads, rope, attention, KV cache); only the wiring moves.
+    same keywords (``parts``, activation, KV cache); only the wiring moves.
     Every path from the input to the output now crosses 2 norms per block: no identity path
     remains, which is what makes the post-norm Transformer need its learning-rate warm-up.
     """

@@ -13,7 +13,7 @@ from .. import functional as F
 from .._validate import index_range, int_array
 from ..kernels import decode
 from ..attention import check_attention
-from ..blocks import PostNormGPTBlock, PreNormBlock
+from ..blocks import PostNormGPTBlock, PreNormBlock, modern_parts
 from ..layers import Embedding, Linear, Module, ModuleList
 from ..modern_layers import NORMS, TiedLinear, norm_layer
 from ..scaling.recompute import Recompute, check_checkpointing
@@ -84,9 +84,9 @@ class TinyGPT(Module):
         self.wpe = Embedding(max_len, C, self.rng, dtype, init_std=0.02) if positions == "learned" else None
         self.pe = F.sinusoidal_positions(max_len, C, dtype) if positions == "sinusoidal" else None
         Block = NORM_POSITIONS[norm_position]
+        parts = modern_parts(norm, n_kv_heads, positions == "rope", attention)
         self.blocks = ModuleList(Block(C, n_heads, d_ff or 4 * C, activation=mlp, dropout=dropout,
-                                       rng=self.rng, dtype=dtype, norm=norm, n_kv_heads=n_kv_heads,
-                                       rope=positions == "rope", attention=attention)
+                                       rng=self.rng, dtype=dtype, parts=parts)
                                  for _ in range(n_layers))
         self.ln_f = norm_layer(norm, C, 1e-5, dtype)
         if tie_embeddings:
@@ -109,10 +109,35 @@ class TinyGPT(Module):
         """tokens: (B, T) -> logits (B, T, V). With ``kv_caches`` (one per block, inference only) the
         tokens are the new positions that follow those already in the caches.
 
+        The entry point: it checks its input once, then runs ``_forward_whole`` (the chapter's
+        equation) or, for speed or memory, one of its twins, each held equal to it by the tests:
+        the lean one-token decode step (``_decode_step``, Performance), the training batch cut
+        across threads (``tformer.scaling.batch_threads``, Performance) and gradient checkpointing
+        (``_forward_train``, Fitting in memory).
+
         An empty batch (B = 0) or empty sequences (T = 0) raise ValueError: there is nothing to
         predict, and a mean loss over zero targets would be NaN. ``start + T`` positions (start =
         those already cached) must fit ``max_len``, else ValueError; ``tformer.generate`` crops a
         longer context on the left before it calls this."""
+        start = self._check_input(tokens, kv_caches)
+        B, T = tokens.shape
+        if kv_caches and T == 1 and self._lean_step(B):
+            return self._decode_step(tokens, kv_caches, start)     # (B, 1, V)
+        cut = None if kv_caches or not self.training else self._replicas.split(B, T)
+        if cut is not None:
+            # Training with threads: each part of the batch runs whole on one thread, the first
+            # on this model, the others on replicas (tformer.scaling.batch_threads).
+            out = np.empty((B, T, self.config["vocab_size"]), self.lm_head.W.dtype)   # (B, T, V)
+            return self._replicas.forward(
+                lambda m, tok, o: m._forward_train(tok, out=o), tokens, cut, out)
+        self._replicas.last = None
+        if self.training and self._recompute is not None and not kv_caches:
+            return self._forward_train(tokens)                  # gradient checkpointing
+        self._recomputed = False
+        return self._forward_whole(tokens, kv_caches, start)
+
+    def _check_input(self, tokens, kv_caches):
+        """``forward``'s checks; returns ``start``, the number of positions already cached."""
         int_array("tokens", tokens, ndim=2)
         B, T = tokens.shape
         if B == 0 or T == 0:
@@ -124,24 +149,15 @@ class TinyGPT(Module):
         start = kv_caches[0].t if kv_caches else 0
         if start + T > self.max_len:
             raise ValueError(f"tokens: {start + T} positions exceed max_len = {self.max_len}")
-        cfg = self.config
-        if (kv_caches and T == 1 and self._lean and self.lean_decode and not self.training
-                and self.wte.W.dtype in decode.DTYPES
-                and decode.no_split(B, cfg["d_model"], cfg["d_ff"], cfg["n_heads"])):
-            return self._decode_step(tokens, kv_caches, start)     # (B, 1, V)
-        cut = None if kv_caches or not self.training else self._replicas.split(B, T)
-        if cut is not None:
-            # Training with threads: each part of the batch runs whole on one thread, the first
-            # on this model, the others on replicas (tformer.scaling.batch_threads).
-            out = np.empty((B, T, cfg["vocab_size"]), self.lm_head.W.dtype)   # (B, T, V)
-            return self._replicas.forward(
-                lambda m, tok, o: m._forward_whole(tok, out=o), tokens, cut, out)
-        self._replicas.last = None
-        return self._forward_whole(tokens, kv_caches, start)
+        return start
 
-    def _forward_whole(self, tokens, kv_caches=None, start=0, out=None):
-        """``forward`` on one thread, checks done: tokens (B, T) -> logits (B, T, V), written
-        into ``out`` if given."""
+    def _forward_whole(self, tokens, kv_caches=None, start=0):
+        """TinyGPT: tokens (B, T) -> logits (B, T, V), after ``start`` cached positions.
+
+            X = W_te[tokens] + W_pe[start:start+T]      (B, T, C)
+            X ← block(X)                                n_layers times
+            Z = LN_f(X) W_lm + b_lm                     (B, T, V)
+        """
         T = tokens.shape[1]
         # W_pe[start:start+T] is the same (T, C) block for every sequence: it is added by
         # broadcasting instead of being gathered B times, and its gradient is a sum over the batch.
@@ -151,15 +167,41 @@ class TinyGPT(Module):
         elif self.pe is not None:
             x += self.pe[start:start + T]                               # + PE[pos], fixed
         self._positions = (start, T)
-        self._recomputed = self._recompute is not None and self.training and not kv_caches
+        for i, block in enumerate(self.blocks):
+            x = block(x, None, kv_caches[i] if kv_caches else None)   # (B, T, C)
+        h = self.ln_f(x)                                               # (B, T, C)
+        return self.lm_head(h)                                         # (B, T, V)
+
+    def _forward_train(self, tokens, out=None):
+        """``_forward_whole`` in training (no cache, start 0), with its two options: the logits
+        written into ``out`` (a part of the batch cut across threads) and, with
+        ``gradient_checkpointing``, the blocks run through ``tformer.scaling.recompute`` (only
+        each segment's input kept). The same arithmetic (tests/test_recompute.py,
+        tests/test_replicas.py)."""
+        T = tokens.shape[1]
+        x = self.wte(tokens)                                            # (B, T, C)
+        if self.wpe is not None:
+            x += self.wpe.W[:T]
+        elif self.pe is not None:
+            x += self.pe[:T]
+        self._positions = (0, T)
+        self._recomputed = self._recompute is not None
         if self._recomputed:
             x = self._recompute.forward(x, None)                       # keeps segment inputs only
-        for i, block in enumerate(() if self._recomputed else self.blocks):
-            x = block(x, None, kv_caches[i] if kv_caches else None)   # (B, T, C)
+        for block in () if self._recomputed else self.blocks:
+            x = block(x, None, None)                                   # (B, T, C)
         h = self.ln_f(x)                                               # (B, T, C)
         return self.lm_head(h) if out is None else self.lm_head(h, out=out)   # (B, T, V)
 
     lean_decode = True   # False: every step through the general layers (tests compare)
+
+    def _lean_step(self, B):
+        """Can one new token per sequence go through ``kernels.decode`` (seed 004's block, in
+        inference, in float32/float64, at a size it does not split across threads)?"""
+        cfg = self.config
+        return (self._lean and self.lean_decode and not self.training
+                and self.wte.W.dtype in decode.DTYPES
+                and decode.no_split(B, cfg["d_model"], cfg["d_ff"], cfg["n_heads"]))
 
     def _decode_step(self, tokens, kv_caches, start):
         """One new token per sequence after ``start`` cached ones, through
@@ -182,7 +224,8 @@ class TinyGPT(Module):
         return decode.linear_rows(x, head.W, head.b)[:, None]       # (B, 1, V)
 
     def backward(self, dlogits):
-        """dlogits: (B, T, V) -> None (tokens have no gradient); accumulates every parameter's gradient."""
+        """dlogits: (B, T, V) -> None (tokens have no gradient); accumulates every parameter's
+        gradient, by the twin of whichever pass ``forward`` ran."""
         cut = self._replicas.last
         if cut is not None:
             start, T = self._positions
@@ -190,21 +233,33 @@ class TinyGPT(Module):
             if getattr(dlogits, "shape", None) != expected:
                 raise ValueError(f"dlogits: expected shape {expected} (the last forward output's), "
                                  f"got {getattr(dlogits, 'shape', type(dlogits).__name__)}")
-            self._replicas.backward(TinyGPT._backward_whole, dlogits)
+            self._replicas.backward(TinyGPT._backward_train, dlogits)
             return None
-        return self._backward_whole(dlogits)
+        return self._backward_train(dlogits)
 
     def _backward_whole(self, dlogits):
-        """``backward`` on one thread."""
+        """The backward pass of ``_forward_whole``: dlogits (B, T, V) -> None; every parameter's
+        gradient accumulated, the blocks in reverse order."""
         dx = self.ln_f.backward(self.lm_head.backward(dlogits))        # (B, T, C)
-        if self._recomputed:
-            dx = self._recompute.backward(dx)                          # re-runs each segment
-        for block in () if self._recomputed else reversed(self.blocks._items):
-            dx = block.backward(dx)
+        for block in reversed(self.blocks._items):
+            dx = block.backward(dx)                                    # (B, T, C)
         self.wte.backward(dx)                  # tied: adds to the LM head's share of dW_te
         if self.wpe is not None:
             start, T = self._positions
             self.wpe.grads["W"][start:start + T] += dx.sum(axis=0)     # Σ_b dX[b], (T, C)
+        return None
+
+    def _backward_train(self, dlogits):
+        """The backward pass of the last forward: ``_backward_whole``, or with gradient
+        checkpointing the same steps with the blocks re-run segment by segment."""
+        if not self._recomputed:
+            return self._backward_whole(dlogits)
+        dx = self.ln_f.backward(self.lm_head.backward(dlogits))        # (B, T, C)
+        dx = self._recompute.backward(dx)                              # re-runs each segment
+        self.wte.backward(dx)
+        if self.wpe is not None:
+            start, T = self._positions
+            self.wpe.grads["W"][start:start + T] += dx.sum(axis=0)
         return None
 
     def new_kv_caches(self, B):

@@ -93,6 +93,10 @@ class Transformer(Module):
         attended to; by default ``create_padding_mask(tokens, pad_idx)`` (no mask if pad_idx is None).
         The causal mask is always applied on top of it.
 
+        The entry point: it checks its input once, then runs ``_forward_whole`` (the chapter's
+        equation) or, with gradient checkpointing in training, its twin ``_forward_train``
+        (Fitting in memory), held equal to it by tests/test_recompute.py.
+
         Input checks, before any work (``tformer._validate``): ``tokens`` must be an integer array
         (B, T) with B ≥ 1 and 1 ≤ T ≤ max_len (``token_batch``; an empty batch has nothing to
         predict), with ids in [0, V) (checked by the embedding); a given ``padding_mask`` must be
@@ -107,30 +111,60 @@ class Transformer(Module):
                            additive=False)
         elif self.pad_idx is not None:
             padding_mask = F.create_padding_mask(tokens, self.pad_idx)          # (B, 1, 1, T)
+        self._recomputed = self._recompute is not None and self.training
+        forward = self._forward_train if self._recomputed else self._forward_whole
+        logits = forward(tokens, padding_mask)                                   # (B, T, V)
+        self._out = (logits.shape, logits.dtype)
+        return logits
+
+    def _forward_whole(self, tokens, padding_mask):
+        """The model of seed 002: tokens (B, T) -> logits (B, T, V).
+
+            X⁰ = Drop(E[tokens] · √C + PE[:T]),  X ← block(X; M) n_layers times,
+            logits = LN_f(X) W_out + b_out
+        """
         x = self.embed(tokens)                                                   # (B, T, C)
         if self.emb_scale != 1.0:
             x *= self.emb_scale                                                  # E · √C
         x = self.drop(self.pos(x))                                               # (B, T, C)
-        self._recomputed = self._recompute is not None and self.training
-        if self._recomputed:
-            x = self._recompute.forward(x, padding_mask)                         # inputs only
-        for block in () if self._recomputed else self.blocks:
+        for block in self.blocks:
             x = block(x, padding_mask)                                           # (B, T, C)
-        logits = self.proj(self.ln_f(x))                                         # (B, T, V)
-        self._out = (logits.shape, logits.dtype)
-        return logits
+        return self.proj(self.ln_f(x))                                           # (B, T, V)
+
+    def _forward_train(self, tokens, padding_mask):
+        """``_forward_whole`` with gradient checkpointing: the blocks run through
+        ``tformer.scaling.recompute``, which keeps only each segment's input."""
+        x = self.embed(tokens)                                                   # (B, T, C)
+        if self.emb_scale != 1.0:
+            x *= self.emb_scale
+        x = self.drop(self.pos(x))
+        x = self._recompute.forward(x, padding_mask)                             # inputs only
+        return self.proj(self.ln_f(x))
 
     def backward(self, dlogits):
-        """dlogits: (B, T, V) -> None (tokens have no gradient); accumulates every parameter's gradient."""
+        """dlogits: (B, T, V) -> None (tokens have no gradient); accumulates every parameter's
+        gradient, through the twin of whichever pass ``forward`` ran."""
         upstream("dlogits", dlogits, self._out)
+        return self._backward_train(dlogits) if self._recomputed else self._backward_whole(dlogits)
+
+    def _backward_whole(self, dlogits):
+        """The backward pass of ``_forward_whole``, layer by layer in reverse."""
         dx = self.ln_f.backward(self.proj.backward(dlogits))                     # (B, T, C)
-        if self._recomputed:
-            dx = self._recompute.backward(dx)                                    # re-runs segments
-        for block in () if self._recomputed else reversed(self.blocks._items):
-            dx = block.backward(dx)
+        for block in reversed(self.blocks._items):
+            dx = block.backward(dx)                                              # (B, T, C)
         dx = self.pos.backward(self.drop.backward(dx))                           # PE is a constant
         if self.emb_scale != 1.0:
             dx = dx * self.emb_scale                                             # ∂(E·√C)/∂E = √C
+        self.embed.backward(dx)
+        return None
+
+    def _backward_train(self, dlogits):
+        """The backward pass of ``_forward_train``: the blocks re-run segment by segment."""
+        dx = self.ln_f.backward(self.proj.backward(dlogits))                     # (B, T, C)
+        dx = self._recompute.backward(dx)                                        # re-runs segments
+        dx = self.pos.backward(self.drop.backward(dx))
+        if self.emb_scale != 1.0:
+            dx = dx * self.emb_scale
         self.embed.backward(dx)
         return None
 
