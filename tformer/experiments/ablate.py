@@ -1,10 +1,11 @@
-"""``python -m tformer ablate --out FILE``: the ablation of the modern block (chapter 26, JSON).
+"""``python -m tformer ablate --out FILE``: the ablation of the modern block (JSON), for the
+chapter "Ablating the modern block".
 
 TinyGPT trained on the same text (the standard-library corpus of ``python -m tformer run tinygpt``,
-or ``--text FILE``), for the same steps with the same batches, from seed 004's block changed one
+or ``--text FILE``), for the same steps with the same batches, from TinyGPT's own block changed one
 piece at a time, and with every piece at once:
 
-- ``components`` (at ``--lr``): ``baseline`` (seed 004: LayerNorm, learned positions, GELU,
+- ``components`` (at ``--lr``): ``baseline`` (TinyGPT's block: LayerNorm, learned positions, GELU,
   multi-head, untied, pre-norm), ``rmsnorm``, ``rope``, ``swiglu`` (hidden width
   ``swiglu_hidden(4C)``, the weights of the 4C GELU network), ``gqa`` (``--n-kv-heads``), ``tied``,
   and ``modern`` (all five).

@@ -9,8 +9,8 @@
    here).
 4. int8 quantization of the float32 model: file sizes, validation bits/byte, generation speed.
 
-The file holds the configuration and the git commit it ran on; chapter 22 reads it and re-runs the
-first steps of one configuration live. About 40 minutes on 2 busy cores.
+The file holds the configuration and the git commit it ran on; the chapter "Fewer bits" reads it and
+re-runs the first steps of one configuration live. About 40 minutes on 2 busy cores.
 """
 import argparse
 import os

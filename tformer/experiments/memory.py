@@ -1,4 +1,4 @@
-"""``python -m tformer memory``: the measurements of chapter 21, "Fitting in memory" (JSON).
+"""``python -m tformer memory``: the measurements of the chapter "Fitting in memory" (JSON).
 
 - ``memory``: one TinyGPT training step (forward, cross-entropy, backward; float32, plain causal
   attention, B = 8, C = 128, H = 4, V = 256) for each (T, L, k) of the sweep, k = 0 meaning no
@@ -14,7 +14,8 @@
   process runs one thread, so its CPU time is the work it did, not the time it waited).
 - ``batching``: ``run transformer`` with fixed, pool-bucketed and step-sorted batches, run side
   by side (``memory_batching``).
-- ``grad_norms``: seed 002's model with and without warm-up and clipping (``memory_batching``).
+- ``grad_norms``: the complete Transformer's model with and without warm-up and clipping
+  (``memory_batching``).
 
 ``--parts`` chooses what to run; the parts not run are kept from an existing ``--out`` file. Each
 part records the command, the git commit, the machine, the date and the load average.

@@ -1,4 +1,5 @@
-"""The two training parts of ``python -m tformer memory`` (chapter 21), on seed 002's padded task.
+"""The two training parts of ``python -m tformer memory`` (the chapter "Fitting in memory"),
+on the complete Transformer's padded task.
 
 - ``batching_part``: ``run transformer``'s model and schedule on reversal with lengths spread
   from 1 to 32, trained with each kind of batch (``--modes``) and each seed (``--seeds``):
@@ -41,7 +42,7 @@ def make_source(task, batching, batch_size, max_tokens=None, pool_size=1024, see
 
 def fit(task, batching, steps, batch_size=64, lr=2e-3, warmup=150, clip=1.0, seed=0,
         max_tokens=None, eval_size=500, eval_every=0, stop=None, pool_size=1024):
-    """Train seed 002's Transformer on ``task`` (a schedule of ``steps`` steps, stopped after
+    """Train the complete Transformer on ``task`` (a schedule of ``steps`` steps, stopped after
     ``stop`` if given); returns a dict of the measurements and the history."""
     model = Transformer(vocab_size=task.vocab_size, max_len=task.seq_len, seed=seed, **MODEL)
     opt = Adam(model, lr=lr, betas=(0.9, 0.98), eps=1e-9)

@@ -1,4 +1,5 @@
-"""``python -m tformer online-softmax``: the measurements of chapter 24 (JSON).
+"""``python -m tformer online-softmax``: the measurements of the chapter "Attention that
+never stores T × T" (JSON).
 
 One layer's causal attention, the kernel pair on ``q, k, v: (B, H, T, D)`` with B = 4, H = 4,
 D = C / H = 32 (TinyGPT's C = 128), float32, forward then backward with a fixed upstream gradient:

@@ -7,12 +7,13 @@ with scores s' (tile maximum m') is merged by rescaling what came before:
     m_new = max(m, m'),   ℓ ← e^(m − m_new) ℓ + Σ e^(s' − m_new),
                           o ← e^(m − m_new) o + e^(s' − m_new) V'
 
-and after the last tile y = o / ℓ: exactly softmax(S) V (chapter 24 derives it with SymPy). Only
-y and each row's m and ℓ are kept: the terms of its log-sum-exp L = m + log ℓ, which FlashAttention
-stores as one number; kept apart, they spare the recomputed P the rounding of that sum (near
-m = ±1e4 it is 1e-12 relative in float64). The backward pass recomputes each tile's
-probabilities P = exp(S − m) / ℓ from Q, K, m and ℓ, and needs rowsum(dP ⊙ P) only as
-D = rowsum(dY ⊙ Y), which is the same number. Memory: O(T·D) per head instead of O(T²).
+and after the last tile y = o / ℓ: exactly softmax(S) V (the chapter "Attention that never stores
+T × T" derives it with SymPy). Only y and each row's m and ℓ are kept, as in FlashAttention-1;
+FlashAttention-2 stores their log-sum-exp L = m + log ℓ as one number instead. Kept apart, they
+spare the recomputed P the rounding of that sum (near m = ±1e4 it is 1e-12 relative in
+float64). The backward pass recomputes each tile's probabilities P = exp(S − m) / ℓ from Q, K,
+m and ℓ, and needs rowsum(dP ⊙ P) only as D = rowsum(dY ⊙ Y), which is the same number (both
+FlashAttention papers compute this D). Memory: O(T·D) per head instead of O(T²).
 
 The tile loops are the algorithm; inside a tile every product is one batched BLAS call over all
 the leading axes (batch and heads), so there is no Python loop over B or H. Grouped-query attention

@@ -4,11 +4,12 @@ backward pass run on one thread, the parts' gradients summed::
     logits[b₀:b₁] = f_θ(tokens[b₀:b₁])   for each part [b₀, b₁) of the B sequences, side by side
     ∂L/∂θ = Σ_parts ∂L/∂θ |part          (L is a sum over tokens, so its gradient is the parts' sum)
 
-It is ``torch.nn.DataParallel`` on the cores of one process, and chapter 23's data parallelism
-(``tformer.scaling.mpi``) without the messages. Each part needs its own caches and gradients, so
-each part after the first runs on a *replica*: a copy of the model's module tree whose parameter
-attributes are the model's own arrays (not copies: an optimizer step or ``load_state_dict`` is seen
-at once) and whose gradients live in a flat buffer of its own. The first part runs on the model.
+It is ``torch.nn.DataParallel`` on the cores of one process, and the data parallelism of the
+chapter "Many processes" (``tformer.scaling.mpi``) without the messages. Each part needs its own
+caches and gradients, so each part after the first runs on a *replica*: a copy of the model's
+module tree whose parameter attributes are the model's own arrays (not copies: an optimizer step or
+``load_state_dict`` is seen at once) and whose gradients live in a flat buffer of its own. The
+first part runs on the model.
 
 Why: a kernel split across threads (``tformer.parallel``) pays one hand-off per kernel, dozens per
 step, each a thread wake-up of tens of microseconds, and a row-wise kernel of a small model has

@@ -7,7 +7,7 @@
 Memory of the activations: ⌈L/k⌉ segment inputs ``(B, T, C)`` plus the caches of one segment of k
 blocks at a time, instead of the caches of all L blocks. k ≈ √L balances the two when a block keeps
 about as much as its input (Chen et al. 2016); a Transformer block keeps far more, and k = 1 needs
-the least memory (chapter 21).
+the least memory (the chapter "Fitting in memory").
 Time: one more forward pass of the blocks per step.
 
 Dropout replays the same masks: each segment's forward records ``bit_generator.state`` of every
