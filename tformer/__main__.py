@@ -21,13 +21,13 @@ import sys  # noqa: E402
 # agree). ``run SYSTEM`` trains a source system; the other commands stand alone.
 RUNS = {
     "attention": ("tformer.runs.attention",
-                  "seed 001: one self-attention layer on the copy-the-max-row task"),
+                  "the single attention layer: one self-attention layer on the copy-the-max-row task"),
     "transformer2": ("tformer.runs.two_layer",
-                     "seed 000: the two-layer transformer (swish MLP, no LayerNorm)"),
-    "encoder": ("tformer.runs.encoder", "seed 003: the post-LN encoder reconstructing its input"),
+                     "the two-layer transformer (swish MLP, no LayerNorm)"),
+    "encoder": ("tformer.runs.encoder", "the post-LN encoder reconstructing its input"),
     "transformer": ("tformer.runs.transformer",
-                    "seed 002: the complete Transformer on a padded sequence task"),
-    "tinygpt": ("tformer.runs.tinygpt", "seed 004: TinyGPT, a byte-level GPT trained on text"),
+                    "the complete Transformer on a padded sequence task"),
+    "tinygpt": ("tformer.runs.tinygpt", "TinyGPT, a byte-level GPT trained on text"),
 }
 COMMANDS = {
     "generate": ("tformer.runs.generate_cmd", "write text from a saved TinyGPT checkpoint"),

@@ -72,7 +72,7 @@ def nonempty(name, x, unit="position"):
 def sequences(name, x, d_model, dtype):
     """``x: (B, T, d_model)``, B, T ≥ 1, finite, of the dtype of the weights it meets; returned.
 
-    The input of the models that read float rows (seeds 000, 001, 003). A NaN or ±inf would
+    The input of the models that read float rows (the single attention layer, the two-layer transformer, the post-LN encoder). A NaN or ±inf would
     become NaN scores in the first attention layer; it is refused here, named as the model's.
     """
     float_array(name, x, ndim=3)

@@ -4,7 +4,7 @@ Steps count from 1, as the optimizers' bias corrections do: the first call to ``
 step 1 (``opt.t == 1`` after it). Both schedules are pure functions of ``step``, so a resumed
 run needs nothing but the step counter to continue its schedule.
 
-- :func:`noam_lr` is the warmup schedule of the "complete Transformer" guide (seed 002),
+- :func:`noam_lr` is the warmup schedule of the "complete Transformer" guide,
   ``min(step**-0.5, step * warmup**-1.5)``, times ``d_model**-0.5`` as in the original paper.
 - :func:`cosine_with_warmup` is linear warmup to ``max_lr`` followed by half a cosine down to
   ``min_lr``.

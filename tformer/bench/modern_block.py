@@ -1,4 +1,4 @@
-"""Time the modern block's pieces against the seed's, interleaved, and print ratios (chapter 25).
+"""Time the modern block's pieces against TinyGPT's own, interleaved, and print ratios (The modern block).
 
     OPENBLAS_NUM_THREADS=1 TFORMER_NUM_THREADS=1 python -m tformer.bench.modern_block [--repeats 15]
 
@@ -9,7 +9,7 @@
    GELU on (2048, 1024) against SwiGLU on two (2048, 683) halves (the same parameter budget);
    RoPE on q and k (8, 8, 256, 32) each.
 3. One TinyGPT training step (zero_grad, forward, cross-entropy, backward, AdamW) at the size of
-   ``python -m tformer run tinygpt`` (C=128, 4 heads, 3 layers, T=64, B=64): seed 004's block,
+   ``python -m tformer run tinygpt`` (C=128, 4 heads, 3 layers, T=64, B=64): TinyGPT's own block,
    each modern option alone, and all of them (SwiGLU at d_ff = swiglu_hidden(4C)).
 
 Each case's calls are interleaved round-robin with the others of its group, so that a load change
@@ -88,7 +88,7 @@ def kernel_cases(rng):
 def step_cases(rng):
     C, H, L, T, B = 128, 4, 3, 64, 64
     x, y = rng.integers(0, 256, (B, T)), rng.integers(0, 256, (B, T))
-    options = {"seed 004": {}, "rmsnorm": {"norm": "rmsnorm"}, "rope": {"positions": "rope"},
+    options = {"TinyGPT": {}, "rmsnorm": {"norm": "rmsnorm"}, "rope": {"positions": "rope"},
                "sinusoidal": {"positions": "sinusoidal"},
                "swiglu (d_ff 341)": {"mlp": "swiglu", "d_ff": swiglu_hidden(4 * C)},
                "n_kv_heads=1": {"n_kv_heads": 1}, "tied": {"tie_embeddings": True},

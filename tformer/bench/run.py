@@ -24,7 +24,7 @@ PyTorch: every core), which is what a user gets. ``--threads N`` sets all of the
 ``torch.set_num_threads``, to N. Each side reports the thread count it ran with.
 
 The result, with the command line, the commit, the machine, the date and the load, is written
-atomically to ``--out`` (default ``book/data/bench.json``, which chapter 20 reads).
+atomically to ``--out`` (default ``book/data/bench.json``, which the Performance chapter reads).
 """
 import json
 import os

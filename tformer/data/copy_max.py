@@ -1,4 +1,4 @@
-"""Seed 001's task: copy the row whose first feature is largest to every output position.
+"""The single attention layer's task: copy the row whose first feature is largest to every output position.
 
     j*_b = argmax_t X[b, t, 0],      Y_true[b, t, :] = X[b, j*_b, :]   for every t
 

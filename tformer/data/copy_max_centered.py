@@ -1,8 +1,8 @@
-"""The second task of seed 000's chapter: copy-max on zero-mean inputs, where the MLP is needed.
+"""The two-layer transformer's second task: copy-max on zero-mean inputs, where the MLP is needed.
 
     x ~ N(0, 1) i.i.d.,   j*_b = argmax_t X[b, t, 0],   Y_true[b, t, :] = X[b, j*_b, :]
 
-The rule is seed 001's (``copy_max``); only the inputs change, from U(0, 1) to a distribution that
+The rule is the single attention layer's (``copy_max``); only the inputs change, from U(0, 1) to a distribution that
 is symmetric about zero. That makes every bias-free network built of attention and linear maps
 fail, and a swish MLP succeed:
 
@@ -15,7 +15,7 @@ fail, and a swish MLP succeed:
   negation of that row for −X, the wrong one (the right one is −X[argmin]). Each output row is
   right for at most one of X and −X, so its expected accuracy is at most one half.
 - swish(h) = h σ(h) is not odd (swish(h) − swish(−h) = h, but swish(h) + swish(−h) = h tanh(h/2) ≥ 0),
-  so the two-layer transformer of seed 000 can break the symmetry, and it learns the task.
+  so the two-layer transformer can break the symmetry, and it learns the task.
 
 Batches are pure functions of ``(seed, split, index)``, as in ``copy_max``; evaluate with
 ``copy_max.evaluate(model, held_out())``.

@@ -1,4 +1,4 @@
-"""Seed 003's reconstruction task: a fixed set of sequences X that the encoder must give back.
+"""The post-LN encoder's reconstruction task: a fixed set of sequences X that the encoder must give back.
 
 The seed states the task (Ŷ ≈ X under the mean squared error) but not its data; this is the data
 the book chooses, drawn once from ``seed`` and then kept fixed:

@@ -1,4 +1,4 @@
-"""Seed 002's padded task: reverse (or sort) a variable-length sequence, read as a language model.
+"""The complete Transformer's padded task: reverse (or sort) a variable-length sequence, read as a language model.
 
 One example of length n is the token row
 

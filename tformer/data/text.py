@@ -1,4 +1,4 @@
-"""Byte-level text for TinyGPT (seed 004): a corpus read at run time, a train/validation split, batches.
+"""Byte-level text for TinyGPT: a corpus read at run time, a train/validation split, batches.
 
 Nothing is downloaded and no third-party text is stored in the repository. The default corpus is the
 source code of a fixed, sorted list of pure-Python standard-library modules, read from the files of the

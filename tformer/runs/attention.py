@@ -1,4 +1,4 @@
-"""``python -m tformer run attention``: seed 001's single attention layer on the copy-max task.
+"""``python -m tformer run attention``: the single attention layer on the copy-max task.
 
 Trains ``AttentionLayer`` with L = ½‖Y − Y_true‖² and AdamW (ε inside the square root) through
 ``tformer.train.train``, then prints the final training loss and the held-out loss and accuracy

@@ -1,4 +1,4 @@
-"""Does a ``run tinygpt`` fit in memory? Chapter 21's prediction of a step's peak
+"""Does a ``run tinygpt`` fit in memory? Fitting in memory's prediction of a step's peak
 (``tformer.scaling.step_memory``), checked before anything is allocated, and the flags that would make a
 run that does not fit, fit: ``--attention flash``, ``--gradient-checkpointing``, a smaller
 ``--batch-size``.

@@ -18,8 +18,8 @@ from .tinygpt import DEFAULT_CHECKPOINT
 from .flags import UsageError, nonnegative_float, nonnegative_int
 
 _MODEL_KEYS = ("d_model", "n_heads", "n_layers", "max_len", "vocab_size", "d_ff", "dropout", "dtype")
-# The modern block's keywords (chapter 25). A checkpoint saved before they existed lacks them: it is
-# seed 004's block, their defaults.
+# The modern block's keywords. A checkpoint saved before they existed lacks them: it is
+# TinyGPT's own block, their defaults.
 _MODERN_DEFAULTS = {"norm": "layernorm", "positions": "learned", "mlp": "gelu", "tie_embeddings": False,
                     "norm_position": "pre"}
 
@@ -50,7 +50,7 @@ def load_tinygpt(path):
         raise ValueError(f"checkpoint {path!r}: its config lacks {missing}; was it saved from a TinyGPT?")
     modern = {k: config.get(k, default) for k, default in _MODERN_DEFAULTS.items()}
     modern["n_kv_heads"] = config.get("n_kv_heads", config["n_heads"])
-    modern["attention"] = config.get("attention", "plain")            # chapter 24's kernel choice
+    modern["attention"] = config.get("attention", "plain")            # the online softmax's kernel choice
     model = TinyGPT(**{k: config[k] for k in _MODEL_KEYS}, **modern)
     # The model is built from the stored config; an older one is compared on the keys it has.
     older = any(k not in config for k in modern)

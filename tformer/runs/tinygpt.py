@@ -1,4 +1,4 @@
-"""``python -m tformer run tinygpt``: train TinyGPT (seed 004) on bytes of text, save it, print samples.
+"""``python -m tformer run tinygpt``: train TinyGPT on bytes of text, save it, print samples.
 
 The default corpus is the source of a fixed list of standard-library modules, read from this Python
 installation (``tformer.data.text.STDLIB_MODULES``); ``--text FILE`` trains on any file instead.
@@ -75,7 +75,7 @@ def add_arguments(p):
     g.add_argument("--d-ff", type=positive_int, default=None,
                    help="hidden width of the MLP (default 4C; for SwiGLU at the same parameter "
                         "budget, 2/3 of 4C: tformer.modern_layers.swiglu_hidden)")
-    g = p.add_argument_group("modern block (chapter 25; each default is seed 004's)")
+    g = p.add_argument_group("modern block (The modern block; each default is TinyGPT's own)")
     g.add_argument("--norm", choices=["layernorm", "rmsnorm"], default="layernorm", help="normalisation")
     g.add_argument("--positions", choices=["learned", "sinusoidal", "rope"], default="learned",
                    help="position information: learned table, fixed sinusoids, or rotary (RoPE)")
@@ -84,13 +84,13 @@ def add_arguments(p):
                    help="key/value heads of grouped-query attention (default: --n-heads)")
     g.add_argument("--tie-embeddings", action="store_true", help="LM head weight = W_teᵀ")
     g.add_argument("--norm-position", choices=["pre", "post"], default="pre",
-                   help="pre-norm X + f(N(X)) (seed 004) or post-norm N(X + f(X)) (seeds 002/003)")
+                   help="pre-norm X + f(N(X)) (TinyGPT) or post-norm N(X + f(X)) (the complete Transformer, the post-LN encoder)")
     g.add_argument("--attention", choices=["plain", "flash"], default="plain",
                    help="attention kernel: plain (stores the T×T probabilities) or flash (the "
-                        "online softmax of chapter 24: O(T) memory per head, for long --max-len)")
+                        "online softmax (The online softmax): O(T) memory per head, for long --max-len)")
     g.add_argument("--gradient-checkpointing", action="store_true",
                    help="keep only each segment's input and recompute its forward in the backward "
-                        "(chapter 21): less memory, about one more forward pass per step")
+                        "(Fitting in memory): less memory, about one more forward pass per step")
     g.add_argument("--blocks-per-segment", type=positive_int, default=1,
                    help="with --gradient-checkpointing: blocks recomputed together (k; √L is a "
                         "good choice)")

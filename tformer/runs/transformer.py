@@ -1,4 +1,4 @@
-"""``python -m tformer run transformer``: seed 002's Transformer on a padded sequence task.
+"""``python -m tformer run transformer``: the complete Transformer on a padded sequence task.
 
 Trains ``tformer.models.transformer.Transformer`` to reverse (or sort) sequences of variable
 length, padded on the right, with the training features of the guide: cross-entropy that ignores
@@ -8,7 +8,7 @@ config + step (``--resume`` continues one bit for bit), and the NaN guard. It en
 exact-match accuracy of greedy decoding and of beam search on held-out sequences.
 
 ``--batching bucketed`` draws length-bucketed batches under a budget of ``--max-tokens`` padded
-positions (``tformer.data.batching``, chapter 21) instead of fixed batches of ``--batch-size``
+positions (``tformer.data.batching``, Fitting in memory) instead of fixed batches of ``--batch-size``
 rows padded to the longest possible row; ``--batching sorted`` keeps each step's fixed batch but
 sorts it by length and splits it into micro-batches under ``--max-tokens`` (the same gradient,
 less padding); the run then reports the share of padded positions and the tokens per second of
@@ -52,7 +52,7 @@ def add_arguments(p):
                    help="dropout probability (off in eval)")
     g.add_argument("--attention", choices=["plain", "flash"], default="plain",
                    help="attention kernel: plain (stores the T×T probabilities) or flash (the "
-                        "online softmax of chapter 24)")
+                        "online softmax)")
     g.add_argument("--gradient-checkpointing", action="store_true",
                    help="keep only each segment's input and recompute its forward in the backward")
     g.add_argument("--blocks-per-segment", type=positive_int, default=1,

@@ -1,6 +1,6 @@
-"""``python -m tformer run transformer2``: seed 000's two-layer transformer, trained.
+"""``python -m tformer run transformer2``: the two-layer transformer, trained.
 
-Default task: seed 001's copy-max task (inputs U(0, 1)), the same as ``run attention``. With
+Default task: the single attention layer's copy-max task (inputs U(0, 1)), the same as ``run attention``. With
 ``--task copy_max_centered`` the inputs are N(0, 1), where the swish MLP is what makes the task
 learnable (``--no-mlp`` drops it, for comparison). Prints the final training loss and the held-out
 loss and accuracy.
@@ -19,9 +19,9 @@ def add_arguments(parser):
     add_common_arguments(parser, DEFAULTS)
     g = parser.add_argument_group("model and task")
     g.add_argument("--d-ff", type=positive_int, default=None,
-                   help="width of W_1 (seed 000 leaves it unstated; default 4 · d_model)")
+                   help="width of W_1 (its source leaves it unstated; default 4 · d_model)")
     g.add_argument("--no-mlp", action="store_true",
-                   help="leave out both swish MLPs (an ablation; seed 000 has them)")
+                   help="leave out both swish MLPs (an ablation; the source has them)")
     g.add_argument("--task", choices=sorted(TASKS), default="copy_max",
                    help="copy_max: inputs U(0, 1); copy_max_centered: inputs N(0, 1)")
 
