@@ -94,8 +94,8 @@ def sample_from_logits(logits, rng, temperature=1.0, top_k=None, top_p=None):
     return np.minimum(idx, last).astype(np.int64)                              # guards u rounding up
 
 
-def _decode(model, prompt, max_new_tokens, pick, stop_token=None, use_cache=True):
-    """Append ``max_new_tokens`` tokens chosen by ``pick(last_logits: (B, V)) -> (B,)``."""
+def _check_decode(model, prompt, max_new_tokens):
+    """``_decode``'s arguments, checked before any work."""
     int_array("prompt", prompt, ndim=2)
     if prompt.shape[0] < 1:
         raise ValueError(f"prompt: expected at least one row (B ≥ 1), got shape {prompt.shape}")
@@ -107,27 +107,21 @@ def _decode(model, prompt, max_new_tokens, pick, stop_token=None, use_cache=True
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) \
             or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens: expected an integer ≥ 0, got {max_new_tokens!r}")
+
+
+def _decode(model, prompt, max_new_tokens, pick, stop_token=None, use_cache=True):
+    """Append ``max_new_tokens`` tokens chosen by ``pick(last_logits: (B, V)) -> (B,)``."""
+    _check_decode(model, prompt, max_new_tokens)
     max_len = getattr(model, "max_len", None)
     cached = use_cache and hasattr(model, "new_kv_caches") and max_len is not None
     was_training = model.training
     model.eval()
     try:
-        out = prompt.astype(np.int64)
-        B = out.shape[0]
-        done = np.zeros(B, bool)
+        out = prompt.astype(np.int64)                                         # (B, T0)
+        done = np.zeros(out.shape[0], bool)
         caches = None
         for _ in range(max_new_tokens):
-            T = out.shape[1]
-            if cached and caches is not None and T <= max_len:
-                logits = model.forward(out[:, -1:], kv_caches=caches)         # (B, 1, V)
-            else:
-                ctx = out if max_len is None else out[:, -max_len:]           # (B, ≤ max_len)
-                if cached and T < max_len:                                     # room left: (re)fill
-                    caches = model.new_kv_caches(B)
-                    logits = model.forward(ctx, kv_caches=caches)              # (B, T, V)
-                else:
-                    caches = None
-                    logits = model.forward(ctx)                                # (B, T, V)
+            logits, caches = _next_logits(model, out, caches, cached, max_len)   # (B, ·, V)
             nxt = np.asarray(pick(logits[:, -1]), dtype=np.int64)              # (B,)
             if stop_token is not None:
                 nxt = np.where(done, stop_token, nxt)
@@ -138,6 +132,21 @@ def _decode(model, prompt, max_new_tokens, pick, stop_token=None, use_cache=True
         return out.astype(prompt.dtype, copy=False)
     finally:
         model.train(was_training)
+
+
+def _next_logits(model, out, caches, cached, max_len):
+    """The logits after the tokens ``out`` (B, T), and the caches for the next step.
+
+    With a filled cache only the last token is fed (B, 1, V); otherwise the last ``max_len``
+    tokens are fed whole (B, ≤ max_len, V), filling a new cache while there is room left."""
+    T = out.shape[1]
+    if cached and caches is not None and T <= max_len:
+        return model.forward(out[:, -1:], kv_caches=caches), caches           # (B, 1, V)
+    ctx = out if max_len is None else out[:, -max_len:]                       # (B, ≤ max_len)
+    if cached and T < max_len:                                                # room left: (re)fill
+        caches = model.new_kv_caches(out.shape[0])
+        return model.forward(ctx, kv_caches=caches), caches                   # (B, T, V)
+    return model.forward(ctx), None                                           # (B, T, V)
 
 
 def greedy(model, prompt, max_new_tokens, stop_token=None, use_cache=True):
