@@ -18,7 +18,7 @@ Counts, per listing (the code as listed, without the ``# tformer/...`` header):
   and ``tokenize``. A function's code lines run from its first decorator to its last line, nested
   functions included; a listed class counts each of its methods as a function.
 Features are searched in the code only (comments and docstrings removed, string literals kept).
-Chapters are named by their files: notebooks 01-07 and 10-15 are the book's chapters 1-13, the
+Chapters are named by their files: notebooks 01-07 and 10-15 are the book's first two parts, the
 ones issue 31 holds to the limit (``--through 15``).
 """
 import argparse
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from tformer import source as tsource  # noqa: E402  (the package of this checkout)
 
-#: The later-chapter features of issue 31: a listing in chapters 01-15 should show none of them.
+#: The later-chapter features of issue 31: a listing in notebooks 01-15 should show none of them.
 #: Name -> regular expression searched in each code line (comments and docstrings removed).
 #: ``is_low`` is added to the issue's list: the low-precision branches test ``is_low(x.dtype)``
 #: and name no float16 in code.
