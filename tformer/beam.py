@@ -89,48 +89,67 @@ def beam_search(model, prompt, beam_width, max_new_tokens, length_penalty=0.0, s
                    getattr(model, "vocab_size", None), stop_token)
     B, T0 = prompt.shape
     k, L = int(beam_width), int(max_new_tokens)
-    fill = stop_token if stop_token is not None else 0
     seqs = np.repeat(prompt[:, None, :], k, axis=1)                      # (B, k, T0)
     scores = np.full((B, k), -np.inf)
     scores[:, 0] = 0.0                                                   # one live beam at first
-    best = np.full(B, -np.inf)
-    best_seq = np.full((B, T0 + L), fill, dtype=prompt.dtype)
-    best_seq[:, :T0] = prompt
-    best_len = np.zeros(B, dtype=np.int64)
+    best = _Finished(prompt, L, stop_token)
     was_training = model.training
     model.eval()
     try:
         for t in range(1, L + 1):
             logits = model.forward(seqs.reshape(B * k, -1))[:, -1]        # (B·k, V)
-            V = logits.shape[-1]
-            cand = scores[:, :, None] + log_softmax(logits).reshape(B, k, V)   # (B, k, V)
-            cand = cand.reshape(B, k * V)
-            order = np.argsort(-cand, axis=1, kind="stable")[:, :k]       # (B, k) best extensions
-            scores = np.take_along_axis(cand, order, axis=1)               # (B, k)
-            beam, tok = order // V, order % V                              # (B, k) each
-            seqs = np.concatenate([np.take_along_axis(seqs, beam[:, :, None], axis=1),
-                                   tok[:, :, None].astype(seqs.dtype)], axis=2)   # (B, k, T0 + t)
+            seqs, scores, tok = _extend(seqs, scores, log_softmax(logits), k)
             live = np.isfinite(scores)
-            done = live & ((tok == stop_token) if stop_token is not None else False)
-            if t == L:
-                done = live
-            norm = np.where(done, scores / float(gnmt_penalty(t, alpha)), -np.inf)    # (B, k)
-            j = norm.argmax(axis=1)                                        # (B,)
-            top = norm[np.arange(B), j]
-            better = top > best
-            best = np.where(better, top, best)
-            best_seq[better, :T0 + t] = seqs[better, j[better]]
-            best_seq[better, T0 + t:] = fill
-            best_len[better] = t
+            done = live if t == L else live & ((tok == stop_token) if stop_token is not None else False)
+            best.add(seqs, scores / float(gnmt_penalty(t, alpha)), done, t)
             scores[done] = -np.inf                                         # finished: out of the beam
             bound = scores.max(axis=1) / float(gnmt_penalty(L, alpha))   # (B,) best any live can reach
-            scores[best >= bound] = -np.inf                                # nothing left to gain
+            scores[best.score >= bound] = -np.inf                          # nothing left to gain
             if not np.isfinite(scores).any():
                 break
     finally:
         model.train(was_training)
-    out = best_seq[:, :T0 + int(best_len.max())]
-    return (out, best) if return_scores else out
+    out = best.seq[:, :T0 + int(best.length.max())]
+    return (out, best.score) if return_scores else out
+
+
+def _extend(seqs, scores, logp, k):
+    """Score the k·V extensions of the k hypotheses of each prompt by s + log p and keep the best
+    k (ties: lower beam, then lower token id). ``seqs: (B, k, T)``, ``scores: (B, k)``,
+    ``logp: (B·k, V)`` -> ``(seqs (B, k, T + 1), scores (B, k), tokens (B, k))``."""
+    B, V = scores.shape[0], logp.shape[-1]
+    cand = (scores[:, :, None] + logp.reshape(B, k, V)).reshape(B, k * V)    # (B, k·V)
+    order = np.argsort(-cand, axis=1, kind="stable")[:, :k]               # (B, k) best extensions
+    scores = np.take_along_axis(cand, order, axis=1)                       # (B, k)
+    beam, tok = order // V, order % V                                      # (B, k) each
+    seqs = np.concatenate([np.take_along_axis(seqs, beam[:, :, None], axis=1),
+                           tok[:, :, None].astype(seqs.dtype)], axis=2)   # (B, k, T + 1)
+    return seqs, scores, tok
+
+
+class _Finished:
+    """The best finished hypothesis of each prompt so far: its normalised ``score`` (B,), its
+    tokens ``seq`` (B, T0 + L), followed by the stop token (or 0), and its ``length`` (B,)."""
+
+    def __init__(self, prompt, L, stop_token):
+        B, T0 = prompt.shape
+        self.T0, self.fill = T0, stop_token if stop_token is not None else 0
+        self.score = np.full(B, -np.inf)
+        self.seq = np.full((B, T0 + L), self.fill, dtype=prompt.dtype)
+        self.seq[:, :T0] = prompt
+        self.length = np.zeros(B, dtype=np.int64)
+
+    def add(self, seqs, norm, done, t):
+        """Keep, per prompt, the best of the hypotheses ``done`` at step ``t`` (normalised scores
+        ``norm: (B, k)``) if it beats the one kept."""
+        norm = np.where(done, norm, -np.inf)                               # (B, k)
+        j = norm.argmax(axis=1)                                            # (B,)
+        top = norm[np.arange(norm.shape[0]), j]
+        better = top > self.score
+        self.score = np.where(better, top, self.score)
+        self.seq[better, :self.T0 + t] = seqs[better, j[better]]
+        self.seq[better, self.T0 + t:] = self.fill
+        self.length[better] = t
 
 
 def sequence_scores(model, prompt, continuations, length_penalty=0.0, stop_token=None):
