@@ -24,7 +24,7 @@ import os
 LAYERS = [
     ("foundation", ["tformer", "tformer._dtypes", "tformer._validate", "tformer.parallel",
                     "tformer.atomic", "tformer.progress", "tformer.rss", "tformer.source",
-                    "tformer.gradcheck"]),
+                    "tformer.gradcheck", "tformer._attention_checks"]),
     ("kernels", ["tformer.kernels", "tformer.kernels.*"]),
     ("fast kernels", ["tformer.fast", "tformer.fast.*"]),
     ("functional", ["tformer.functional"]),

@@ -17,6 +17,7 @@ Chapter 24 adds ``attention="flash"``: the same attention computed by the online
 import numpy as np
 
 from . import functional as F
+from .fast import attention as fast_attention
 from ._validate import float_array
 from .layers import Linear, Module, _rng
 
@@ -134,17 +135,17 @@ class MultiHeadAttention(Module):
         elif self.causal and mask is None and q.shape[2] == k.shape[2]:
             # Training, scoring, and a prompt entering an empty KV cache: the kernel's causal path
             # skips the masked tiles.
-            _, att_cache = F.attention_forward(q, k, v, None, self.scale, is_causal=True, out=y)
-            self.att = att_cache[3]
+            _, att_cache = fast_attention.attention_forward(q, k, v, None, self.scale, is_causal=True, out=y)
+            self.att = att_cache.P
         elif mask is None and q.shape[2] == 1:
             # Decoding one token: it is the last position, so it may see every cached key and the
             # causal mask (1, T_k) would be all True; no mask is built or applied.
-            _, att_cache = F.attention_forward(q, k, v, None, self.scale, out=y)
-            self.att = att_cache[3]
+            _, att_cache = fast_attention.attention_forward(q, k, v, None, self.scale, out=y)
+            self.att = att_cache.P
         else:
             full = self._mask(q.shape[2], k.shape[2], mask)
-            _, att_cache = F.attention_forward(q, k, v, full, self.scale, out=y)
-            self.att = att_cache[3]
+            _, att_cache = F.attention_forward(q, k, v, full, self.scale, out=y)   # the mask checked
+            self.att = att_cache.P
         self._cache = None if kv_cache is not None else att_cache
         return self.o(merged)                                             # (B, T, C)
 
@@ -199,7 +200,7 @@ class MultiHeadAttention(Module):
         """The backward pass of the kernel the forward pass used."""
         if self.attention == "flash":
             return F.flash_attention_backward(dheads, cache, out=out)
-        return F.attention_backward(dheads, cache, out=out)
+        return fast_attention.attention_backward(dheads, cache, out=out)
 
     def _rope_backward(self, dq, dk):
         """With RoPE, turn the gradients of the rotated q and k back (in place): dq ← Rᵀ dq."""

@@ -10,6 +10,7 @@ import math
 import numpy as np
 
 from . import functional as F
+from .fast import linear as fast_linear
 from ._validate import float_array
 
 
@@ -220,14 +221,14 @@ class Linear(Module):
 
     def forward(self, x, out=None):
         """x: (..., d_in) -> (..., d_out); ``out``: an array to write the result into."""
-        y, self._cache = F.linear_forward(x, self.W, self.b, out=out)
+        y, self._cache = fast_linear.linear_forward(x, self.W, self.b, out=out)
         return y
 
     def backward(self, dy):
         """dy: (..., d_out) -> dx: (..., d_in); accumulates dW (and db)."""
         # dW and db are added into the running gradients by the kernel, in the thread that
         # computed them (side by side with dX), not afterwards on this one.
-        dx, _, _ = F.linear_backward(dy, self._cache, accumulate=(self.grads["W"], self.grads.get("b")))
+        dx, _, _ = fast_linear.linear_backward(dy, self._cache, accumulate=(self.grads["W"], self.grads.get("b")))
         return dx
 
 

@@ -7,6 +7,7 @@ Each wraps one kernel of chapter 25 the way ``tformer.layers`` wraps the book's 
 import numpy as np
 
 from . import functional as F
+from .fast import linear as fast_linear
 from .layers import Dropout, Embedding, LayerNorm, Linear, Module, _rng
 
 
@@ -108,10 +109,10 @@ class TiedLinear(Module):
 
     def forward(self, x, out=None):
         """x: (..., C) -> (..., V); ``out``: an array to write the result into."""
-        y, self._cache = F.linear_forward(x, self.W.T, self.b, out=out)    # X Eᵀ: Eᵀ is a view
+        y, self._cache = fast_linear.linear_forward(x, self.W.T, self.b, out=out)    # X Eᵀ: Eᵀ is a view
         return y
 
     def backward(self, dy):
         """dy: (..., V) -> dx: (..., C); adds dEᵀ = Xᵀ dY into the shared gradient (and db)."""
-        dx, _, _ = F.linear_backward(dy, self._cache, accumulate=(self.grads["W"].T, self.grads.get("b")))
+        dx, _, _ = fast_linear.linear_backward(dy, self._cache, accumulate=(self.grads["W"].T, self.grads.get("b")))
         return dx

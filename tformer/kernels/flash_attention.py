@@ -17,7 +17,8 @@ FlashAttention papers compute this D). Memory: O(T·D) per head instead of O(T²
 
 The tile loops are the algorithm; inside a tile every product is one batched BLAS call over all
 the leading axes (batch and heads), so there is no Python loop over B or H. Grouped-query attention
-reuses ``_grouped`` and ``_matmul_sum`` of the plain kernel (kernels/attention.py).
+reuses ``_grouped`` and ``_matmul_sum`` (kernels/_grouped_heads.py), as the plain kernel's fast
+version does (fast/attention.py).
 """
 import math
 
@@ -26,7 +27,8 @@ import numpy as np
 from .. import parallel
 from .._dtypes import compute_dtype
 from .._validate import float_array
-from .attention import _group_size, _grouped, _matmul_sum, _out, _split_axis, check_qkv
+from .._attention_checks import _group_size, _out, check_qkv
+from ._grouped_heads import _grouped, _matmul_sum, _split_axis
 
 #: Query tile size (rows of Q per step). BLOCK_Q × BLOCK_K was chosen from the 5 × 5 pairs of
 #: 32 … 512 measured by ``python -m tformer online-softmax --parts tiles`` (book/data/
