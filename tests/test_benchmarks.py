@@ -13,7 +13,7 @@ import pytest
 from tformer import functional as F
 from tformer.attention import MultiHeadAttention
 from tformer.gradcheck import check_module, rel_error
-from tformer.kernels.softmax import _softmax_inplace
+from tformer.fast.softmax import _softmax_inplace
 from tformer.models.tinygpt import TinyGPT
 from tformer.optim import Adam, AdamW
 

@@ -5,7 +5,7 @@ import pytest
 
 from tformer import functional as F
 from tformer.kernels.attention import causal_mask
-from tformer.kernels.softmax import _softmax_shifted_inplace
+from tformer.fast.softmax import _softmax_shifted_inplace
 
 
 @pytest.mark.parametrize("dtype, tol", [(np.float32, 1e-6), (np.float64, 1e-15)])

@@ -24,14 +24,14 @@ def test_display_is_a_fenced_python_block_per_object():
 
 
 def test_each_block_links_to_its_object_in_its_file():
-    shown = show_source("tformer.kernels.softmax._softmax_inplace", "tformer.optim.Adam._update",
-                        "tformer.functional.softmax_forward")
-    assert shown.anchors == ["_softmax_inplace", "Adam._update", "softmax_forward"]
+    shown = show_source("tformer.fast.softmax._softmax_inplace", "tformer.optim.Adam._update",
+                        "tformer.fast.activations.relu_forward")
+    assert shown.anchors == ["_softmax_inplace", "Adam._update", "relu_forward"]
     md = shown._repr_markdown_()
     # relative to notebooks/: the .py file in JupyterLab; book/_ext/source_links.py points the
     # same link at the highlighted page in the built book
-    for href in ("../tformer/kernels/softmax.py#_softmax_inplace", "../tformer/optim.py#Adam._update",
-                 "../tformer/kernels/softmax.py#softmax_forward"):     # where it is defined
+    for href in ("../tformer/fast/softmax.py#_softmax_inplace", "../tformer/optim.py#Adam._update",
+                 "../tformer/kernels/activations.py#relu_forward"):     # where it is defined
         assert f'<a class="tformer-source-link" href="{href}">' in md
     assert md.index("#Adam._update") < md.index("def _update")
 

@@ -5,23 +5,24 @@ Convention: ``y, cache = name_forward(x, ...)`` and ``grads = name_backward(dy, 
 (a single array when there is one). The losses return ``(loss, dprediction)``. Each kernel lives in
 its own file under ``tformer/kernels/``; this module only gathers them.
 """
-from .kernels.activations import (gelu_backward, gelu_forward, relu_backward, relu_forward,
-                                  sigmoid_backward, sigmoid_forward, swish_backward, swish_forward)
 from . import _attention_checks as _attn_checks
 from .fast import attention as _fast_attention
 from .kernels import attention as _attention
-from .kernels.dropout import dropout_backward, dropout_forward
-from .kernels.embedding import embedding_backward, embedding_forward
 from .kernels.flash_attention import flash_attention_backward, flash_attention_forward
-from .kernels.layernorm import layernorm_backward, layernorm_forward
 from .fast import linear as _fast_linear
 from ._validate import float_array, same_dtype   # linear's checks
 import numpy as np
-from .kernels.losses import cross_entropy, mse_loss
 from .kernels.positional import sinusoidal_positions
+from ._dtypes import is_low                                   # softmax ... embedding's checks
+from ._validate import index_range, int_array
+from .fast import activations as _fast_act
+from .fast import dropout as _fast_dropout
+from .fast import embedding as _fast_emb
+from .fast import layernorm as _fast_ln
+from .fast import losses as _fast_losses
+from .fast import softmax as _fast_softmax
 from .kernels.rmsnorm import rmsnorm_backward, rmsnorm_forward
 from .kernels.rope import rope_angles, rope_backward, rope_forward
-from .kernels.softmax import softmax_backward, softmax_forward
 from .kernels.swiglu import swiglu_backward, swiglu_forward
 
 __all__ = [
@@ -123,3 +124,164 @@ def merge_heads(x):
     """``tformer.kernels.attention.merge_heads``, checked: (B, H, T, D) -> (B, T, H·D)."""
     _attn_checks.check_heads(x)
     return _attention.merge_heads(x)
+
+
+# --- softmax, activations, layernorm, losses, dropout, embedding: checked once, then fast -------
+
+def softmax_forward(x, axis=-1):
+    """s = softmax(x) along ``axis`` (``tformer.kernels.softmax.softmax_forward``), checked, computed
+    by ``tformer.fast.softmax.softmax_forward``. Returns ``s, cache``."""
+    float_array("x", x, min_ndim=1)
+    return _fast_softmax.softmax_forward(x, axis)
+
+
+def softmax_backward(ds, cache):
+    """dx = s ⊙ (ds − ⟨ds, s⟩) (``tformer.kernels.softmax.softmax_backward``), checked, fast."""
+    _upstream_shape("ds", ds, cache.s.shape)
+    return _fast_softmax.softmax_backward(ds, cache)
+
+
+def _upstream_shape(name, dy, shape):
+    if dy.shape != shape:
+        raise ValueError(f"{name}: expected shape {shape}, got {dy.shape}")
+
+
+def _elementwise(kernel, name="x"):
+    """A checked ``*_forward`` of one float array (``x``)."""
+    def forward(x):
+        float_array(name, x)
+        return kernel(x)
+    forward.__name__, forward.__doc__ = kernel.__name__, kernel.__doc__
+    return forward
+
+
+def _elementwise_backward(kernel, saved):
+    """A checked ``*_backward``: ``dy`` of the shape of the saved input ``saved(cache)``."""
+    def backward(dy, cache):
+        _upstream_shape("dy", dy, saved(cache).shape)
+        return kernel(dy, cache)
+    backward.__name__, backward.__doc__ = kernel.__name__, kernel.__doc__
+    return backward
+
+
+relu_forward = _elementwise(_fast_act.relu_forward)
+relu_backward = _elementwise_backward(_fast_act.relu_backward, lambda y: y)
+sigmoid_forward = _elementwise(_fast_act.sigmoid_forward)
+sigmoid_backward = _elementwise_backward(_fast_act.sigmoid_backward, lambda y: y)
+swish_forward = _elementwise(_fast_act.swish_forward)
+swish_backward = _elementwise_backward(_fast_act.swish_backward, lambda c: c.h)
+
+
+def gelu_forward(x, approximate="tanh"):
+    """GELU(x) = x Φ(x) (``tformer.kernels.activations.gelu_forward``), checked, computed by
+    ``tformer.fast.activations.gelu_forward``. Returns ``y, cache``."""
+    float_array("x", x)
+    if approximate not in ("tanh", "none"):
+        raise ValueError(f"approximate: expected 'tanh' or 'none', got {approximate!r}")
+    return _fast_act.gelu_forward(x, approximate)
+
+
+def gelu_backward(dy, cache, out=None):
+    """dx = dy ⊙ GELU'(x) (``tformer.kernels.activations.gelu_backward``), checked, fast.
+    ``out``: an array of x's shape to write dx into (it may be ``dy`` itself)."""
+    x = cache.x
+    _upstream_shape("dy", dy, x.shape)
+    if out is not None and cache.approximate == "tanh" and not is_low(x.dtype) and (
+            out.shape != x.shape or out.dtype != x.dtype or not out.flags.c_contiguous):
+        raise ValueError(f"out: expected a C-contiguous {x.dtype} array of shape {x.shape}, "
+                         f"got {out.dtype} {out.shape}")
+    return _fast_act.gelu_backward(dy, cache, out)
+
+
+def layernorm_forward(x, gamma, beta, eps=1e-5):
+    """y = γ ⊙ (x − μ)·rstd + β (``tformer.kernels.layernorm.layernorm_forward``), checked,
+    computed by ``tformer.fast.layernorm.layernorm_forward``. Returns ``y, cache``."""
+    _check_layernorm(x, gamma, beta, eps)
+    return _fast_ln.layernorm_forward(x, gamma, beta, eps)
+
+
+def layernorm_backward(dy, cache):
+    """(dx, dγ, dβ) (``tformer.kernels.layernorm.layernorm_backward``), checked, fast."""
+    _upstream_shape("dy", dy, cache.x.shape)
+    return _fast_ln.layernorm_backward(dy, cache)
+
+
+def _check_layernorm(x, gamma, beta, eps):
+    float_array("x", x, min_ndim=1)
+    C = x.shape[-1]
+    for name, p in (("gamma", gamma), ("beta", beta)):
+        float_array(name, p, ndim=1)
+        if p.shape != (C,):
+            raise ValueError(f"{name}: expected shape ({C},), got {p.shape}")
+    same_dtype(x=x, gamma=gamma, beta=beta)
+    if not eps > 0:
+        raise ValueError(f"eps: expected a positive number, got {eps}")
+
+
+def dropout_forward(x, p, rng=None, training=True):
+    """y = x ⊙ m / (1 − p) (``tformer.kernels.dropout.dropout_forward``), checked, computed by
+    ``tformer.fast.dropout.dropout_forward``. Returns ``y, cache``."""
+    _check_dropout(x, p, rng, training)
+    return _fast_dropout.dropout_forward(x, p, rng, training)
+
+
+def dropout_backward(dy, cache):
+    """dx = dy ⊙ m / (1 − p) (``tformer.kernels.dropout.dropout_backward``), checked, fast."""
+    if cache is not None:
+        _upstream_shape("dy", dy, cache.shape)
+    return _fast_dropout.dropout_backward(dy, cache)
+
+
+def _check_dropout(x, p, rng, training):
+    float_array("x", x)
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"p: expected a drop probability in [0, 1), got {p}")
+    if training and p != 0.0 and not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng: expected np.random.Generator, got {type(rng).__name__}")
+
+
+def embedding_forward(tokens, W):
+    """E = W[tokens] (``tformer.kernels.embedding.embedding_forward``), checked. Returns ``E, cache``."""
+    int_array("tokens", tokens)
+    float_array("W", W, ndim=2)
+    index_range("tokens", tokens, 0, W.shape[0])
+    return _fast_emb.embedding_forward(tokens, W)
+
+
+def embedding_backward(dE, cache):
+    """dW[v] = Σ_{tokens = v} dE (``tformer.kernels.embedding.embedding_backward``), checked,
+    computed by ``tformer.fast.embedding.embedding_backward``."""
+    tokens, (V, C) = cache
+    _upstream_shape("dE", dE, (*tokens.shape, C))
+    return _fast_emb.embedding_backward(dE, cache)
+
+
+def mse_loss(y, target, reduction="mean"):
+    """(L, dL/dy) of the squared error (``tformer.kernels.losses.mse_loss``), checked, computed by
+    ``tformer.fast.losses.mse_loss``."""
+    float_array("y", y)
+    float_array("target", target)
+    if y.shape != target.shape:
+        raise ValueError(f"target: expected shape {y.shape} (from y), got {target.shape}")
+    if reduction == "mean" and y.size == 0:
+        raise ValueError(f"y: reduction='mean' needs at least one element (a mean over none is "
+                         f"undefined), got shape {y.shape}; 'sum' and 'half_sum' give 0")
+    if reduction not in ("mean", "half_sum", "sum"):
+        raise ValueError(f"reduction: expected 'mean', 'half_sum' or 'sum', got {reduction!r}")
+    return _fast_losses.mse_loss(y, target, reduction)
+
+
+def cross_entropy(logits, targets, ignore_index=None):
+    """(L, dL/dz) of the mean cross-entropy (``tformer.kernels.losses.cross_entropy``), checked,
+    computed by ``tformer.fast.losses.cross_entropy``."""
+    _check_cross_entropy(logits, targets, ignore_index)
+    return _fast_losses.cross_entropy(logits, targets, ignore_index)
+
+
+def _check_cross_entropy(logits, targets, ignore_index):
+    float_array("logits", logits, min_ndim=1)
+    int_array("targets", targets)
+    if targets.shape != logits.shape[:-1]:
+        raise ValueError(f"targets: expected shape {logits.shape[:-1]} (from logits {logits.shape}), "
+                         f"got {targets.shape}")
+    index_range("targets", targets, 0, logits.shape[-1], ignore=ignore_index)

@@ -11,6 +11,7 @@ import numpy as np
 
 from . import functional as F
 from .fast import linear as fast_linear
+from .fast import activations as fast_act, dropout as fast_dropout, embedding as fast_emb, layernorm as fast_ln
 from ._validate import float_array
 
 
@@ -243,12 +244,12 @@ class Embedding(Module):
 
     def forward(self, tokens):
         """tokens: (B, T) ints -> (B, T, C)."""
-        E, self._cache = F.embedding_forward(tokens, self.W)
+        E, self._cache = fast_emb.embedding_forward(tokens, self.W)
         return E
 
     def backward(self, dE):
         """Accumulates dW; tokens have no gradient, so this returns None."""
-        self.grads["W"] += F.embedding_backward(dE, self._cache)
+        self.grads["W"] += fast_emb.embedding_backward(dE, self._cache)
         return None
 
 
@@ -263,11 +264,11 @@ class LayerNorm(Module):
         self._cache = None
 
     def forward(self, x):
-        y, self._cache = F.layernorm_forward(x, self.gamma, self.beta, self.eps)
+        y, self._cache = fast_ln.layernorm_forward(x, self.gamma, self.beta, self.eps)
         return y
 
     def backward(self, dy):
-        dx, dgamma, dbeta = F.layernorm_backward(dy, self._cache)
+        dx, dgamma, dbeta = fast_ln.layernorm_backward(dy, self._cache)
         self.grads["gamma"] += dgamma
         self.grads["beta"] += dbeta
         return dx
@@ -285,22 +286,22 @@ class Dropout(Module):
         self._cache = None
 
     def forward(self, x):
-        y, self._cache = F.dropout_forward(x, self.p, self.rng, self.training)
+        y, self._cache = fast_dropout.dropout_forward(x, self.p, self.rng, self.training)
         return y
 
     def backward(self, dy):
-        return F.dropout_backward(dy, self._cache)
+        return fast_dropout.dropout_backward(dy, self._cache)
 
 
 class Activation(Module):
     """An elementwise activation by name: ``relu``, ``gelu`` (tanh form), ``gelu_exact``, ``swish``, ``sigmoid``."""
 
     KERNELS = {
-        "relu": (F.relu_forward, F.relu_backward, {}),
-        "gelu": (F.gelu_forward, F.gelu_backward, {"approximate": "tanh"}),
-        "gelu_exact": (F.gelu_forward, F.gelu_backward, {"approximate": "none"}),
-        "swish": (F.swish_forward, F.swish_backward, {}),
-        "sigmoid": (F.sigmoid_forward, F.sigmoid_backward, {}),
+        "relu": (fast_act.relu_forward, fast_act.relu_backward, {}),
+        "gelu": (fast_act.gelu_forward, fast_act.gelu_backward, {"approximate": "tanh"}),
+        "gelu_exact": (fast_act.gelu_forward, fast_act.gelu_backward, {"approximate": "none"}),
+        "swish": (fast_act.swish_forward, fast_act.swish_backward, {}),
+        "sigmoid": (fast_act.sigmoid_forward, fast_act.sigmoid_backward, {}),
     }
 
     def __init__(self, name):

@@ -21,7 +21,8 @@ import time
 import numpy as np
 
 from .. import functional as F
-from ..kernels import attention as _katt
+from ..fast import activations as _fact, dropout as _fdrop, embedding as _femb, layernorm as _fln
+from ..fast import attention as _fatt, linear as _flin
 
 _LAYER_CLASSES = ("Linear", "Embedding", "LayerNorm", "Dropout", "Activation", "FeedForward")
 
@@ -78,9 +79,14 @@ def instrument(prof):
     for name in F.__all__:
         if name.endswith(("_forward", "_backward")) or name == "cross_entropy":
             patch(F, name, name)
+    # the layers call these directly (tformer.fast), not through F
+    for mod in (_fln, _femb, _fdrop, _fact, _flin, _fatt):
+        for name in F.__all__:
+            if name.endswith(("_forward", "_backward")):
+                patch(mod, name, name)
     # called inside the attention kernel
     for name in ("_softmax_inplace", "_softmax_shifted_inplace", "_softmax_backward_inplace"):
-        patch(_katt, name, name.lstrip("_"))
+        patch(_fatt, name, name.lstrip("_"))
     classes = [getattr(layers, c) for c in _LAYER_CLASSES]
     classes += [attention.MultiHeadAttention, blocks.PreNormBlock, tinygpt.TinyGPT]
     for cls in classes:

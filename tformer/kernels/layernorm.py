@@ -1,58 +1,30 @@
 """Layer normalisation kernel over the last axis, and its compact backward."""
+from typing import NamedTuple
+
 import numpy as np
 
-from .. import parallel
-from .._dtypes import is_low
-from .._validate import float_array, same_dtype
+
+class LayerNormCache(NamedTuple):
+    x: np.ndarray           # (..., C)
+    gamma: np.ndarray       # (C,)
+    mu: np.ndarray          # (..., 1)
+    rstd: np.ndarray        # (..., 1)
 
 
 def layernorm_forward(x, gamma, beta, eps=1e-5):
     """y = γ ⊙ x̂ + β,  x̂ = (x − μ) · rstd,  μ = mean(x),  rstd = 1/√(var(x) + ε)  (over the last axis).
 
-    Shapes: ``x: (..., C)``, ``gamma, beta: (C,)``  ->  ``y: (..., C)``.
+    Shapes: ``x: (..., C)``, ``gamma, beta: (C,)``  ->  ``y: (..., C)``. Returns ``y, cache``.
     A constant row has var = 0: x̂ = 0 and y = β, finite because ε > 0.
     Like llm.c, the cache keeps only the small per-row ``mu`` and ``rstd`` (plus ``x``, which the
     caller holds anyway) and the backward recomputes the cheap, large x̂.
-    float16/bfloat16: the statistics and the normalisation run in float32 on upcast copies and y is
-    rounded back (a variance summed in 11 bits is too coarse); ``mu`` and ``rstd`` stay float32.
-    Returns ``y, cache``.
     """
-    float_array("x", x, min_ndim=1)
-    C = x.shape[-1]
-    for name, p in (("gamma", gamma), ("beta", beta)):
-        float_array(name, p, ndim=1)
-        if p.shape != (C,):
-            raise ValueError(f"{name}: expected shape ({C},), got {p.shape}")
-    same_dtype(x=x, gamma=gamma, beta=beta)
-    if not eps > 0:
-        raise ValueError(f"eps: expected a positive number, got {eps}")
-    if is_low(x.dtype):
-        y, (_, _, mu, rstd) = layernorm_forward(*(a.astype(np.float32) for a in (x, gamma, beta)), eps)
-        return y.astype(x.dtype), (x, gamma, mu, rstd)
-    x2 = x.reshape(-1, C)                                # (N, C)
-    N = x2.shape[0]
-    y = np.empty_like(x2)
-    mu, rstd = np.empty((N, 1), x.dtype), np.empty((N, 1), x.dtype)
-    ones_C = np.full(C, 1.0 / C, x.dtype)
-
-    def rows(lo, hi):
-        # Row means as one matrix-vector product with (1/C, ..., 1/C): BLAS reduces rows of a few
-        # hundred floats several times faster than x.mean(axis=-1); sums of squares are np.vecdot.
-        m, r, xhat = mu[lo:hi], rstd[lo:hi], y[lo:hi]
-        np.matmul(x2[lo:hi], ones_C, out=m[:, 0])          # μ
-        np.subtract(x2[lo:hi], m, out=xhat)                # x − μ
-        np.vecdot(xhat, xhat, out=r[:, 0])
-        r /= C
-        r += eps
-        np.sqrt(r, out=r)
-        np.reciprocal(r, out=r)                            # rstd = 1/√(var + ε)
-        xhat *= r                                          # x̂
-        xhat *= gamma
-        xhat += beta                                       # y = γ ⊙ x̂ + β, in the same buffer
-
-    parallel.parallel_for(rows, N, grain=parallel.grain_for(C))
-    lead = x.shape[:-1]
-    return y.reshape(x.shape), (x, gamma, mu.reshape(*lead, 1), rstd.reshape(*lead, 1))
+    mu = x.mean(axis=-1, keepdims=True)                    # (..., 1)
+    var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)     # (..., 1), the biased variance
+    rstd = 1 / np.sqrt(var + eps)
+    xhat = (x - mu) * rstd
+    y = gamma * xhat + beta
+    return y, LayerNormCache(x, gamma, mu, rstd)
 
 
 def layernorm_backward(dy, cache):
@@ -61,37 +33,15 @@ def layernorm_backward(dy, cache):
     In the forward pass every x̂_i depends on the whole row through μ and rstd; the two means are
     what that dependence contributes (the derivation chapter shows this equals the three-term
     g_σ², g_μ form of seed 003). dγ and dβ sum over every row (all leading axes).
-    Shapes: ``dy: (..., C)`` -> ``(dx: (..., C), dgamma: (C,), dbeta: (C,))``. float16/bfloat16:
-    computed in float32, the three gradients rounded back to the input's format.
+    Shapes: ``dy: (..., C)`` -> ``(dx: (..., C), dgamma: (C,), dbeta: (C,))``.
     """
     x, gamma, mu, rstd = cache
-    if dy.shape != x.shape:
-        raise ValueError(f"dy: expected shape {x.shape}, got {dy.shape}")
-    if is_low(x.dtype):
-        cache32 = (x.astype(np.float32), gamma.astype(np.float32), mu, rstd)
-        return tuple(g.astype(x.dtype) for g in layernorm_backward(dy.astype(np.float32), cache32))
-    C = x.shape[-1]
-    x2, dy2 = x.reshape(-1, C), dy.reshape(-1, C)        # (N, C)
-    mu2, rstd2 = mu.reshape(-1, 1), rstd.reshape(-1, 1)  # (N, 1)
-    N = x2.shape[0]
-    xhat, dx = parallel.scratch("layernorm_xhat", x2.shape, x2.dtype), np.empty_like(x2)
-    ones_C = np.full(C, 1.0 / C, x.dtype)
-
-    def rows(lo, hi):
-        xh, g, r = xhat[lo:hi], dx[lo:hi], rstd2[lo:hi]
-        np.subtract(x2[lo:hi], mu2[lo:hi], out=xh)
-        xh *= r                                            # x̂, recomputed, not stored
-        np.multiply(dy2[lo:hi], gamma, out=g)              # g = γ ⊙ dy
-        mean_g = (g @ ones_C)[:, None]                     # (rows, 1)
-        mean_gx = np.vecdot(g, xh)[:, None]
-        mean_gx /= C
-        g -= mean_g
-        g -= np.multiply(xh, mean_gx, out=parallel.scratch("layernorm_t", xh.shape, xh.dtype))
-        g *= r                                             # dx, written over g
-
-    parallel.parallel_for(rows, N, grain=parallel.grain_for(C))
-    # dγ and dβ sum over all N rows: each is one whole reduction (never split into partial sums).
-    dgamma, dbeta = parallel.run_tasks(
-        lambda: np.einsum("nc,nc->c", dy2, xhat),
-        lambda: np.ones(N, dy.dtype) @ dy2)              # Σ over rows as one vector-matrix product
-    return dx.reshape(x.shape), dgamma, dbeta
+    xhat = (x - mu) * rstd                                 # recomputed, not stored
+    g = gamma * dy
+    mean_g = g.mean(axis=-1, keepdims=True)
+    mean_gx = (g * xhat).mean(axis=-1, keepdims=True)
+    dx = rstd * (g - mean_g - xhat * mean_gx)
+    rows = tuple(range(dy.ndim - 1))                       # every axis but the last
+    dgamma = (dy * xhat).sum(axis=rows)
+    dbeta = dy.sum(axis=rows)
+    return dx, dgamma, dbeta

@@ -1,10 +1,6 @@
 """Losses, each returning the loss and its gradient with respect to the prediction."""
 import numpy as np
 
-from .. import parallel
-from .._dtypes import is_low
-from .._validate import float_array, index_range, int_array
-
 
 def mse_loss(y, target, reduction="mean"):
     """Squared error in the scalings the sources use.
@@ -12,110 +8,55 @@ def mse_loss(y, target, reduction="mean"):
     ``reduction="mean"`` (seed 003): L = ‖y − t‖² / N, dL/dy = 2(y − t)/N, N = y.size (B·T·d).
     ``reduction="half_sum"`` (seeds 000/001): L = ½‖y − t‖², dL/dy = y − t.
     ``reduction="sum"``: L = ‖y − t‖², dL/dy = 2(y − t).
-    Shapes: ``y, target: (...)`` the same  ->  ``(loss: float, dy: like y)``. Empty arrays: 0 for
-    the two sums; ValueError for the mean.
-    float16/bfloat16 input: computed in float32, and ``dy`` is returned in float32 (see
-    ``cross_entropy``).
+    Shapes: ``y, target: (...)`` the same  ->  ``(loss: float, dy: like y)``.
     """
-    float_array("y", y)
-    float_array("target", target)
-    if y.shape != target.shape:
-        raise ValueError(f"target: expected shape {y.shape} (from y), got {target.shape}")
-    if is_low(y.dtype) or is_low(target.dtype):
-        return mse_loss(y.astype(np.float32), target.astype(np.float32), reduction)
-    if reduction == "mean" and y.size == 0:
-        raise ValueError(f"y: reduction='mean' needs at least one element (a mean over none is "
-                         f"undefined), got shape {y.shape}; 'sum' and 'half_sum' give 0")
     diff = y - target
-    sq = float(np.vdot(diff, diff))
+    sq = float(np.sum(diff * diff))
     if reduction == "mean":
-        loss, diff = sq / diff.size, diff * (2.0 / diff.size)
-    elif reduction == "half_sum":
-        loss = 0.5 * sq
-    elif reduction == "sum":
-        loss, diff = sq, diff * 2.0
-    else:
-        raise ValueError(f"reduction: expected 'mean', 'half_sum' or 'sum', got {reduction!r}")
-    if not np.isfinite(loss):
-        raise FloatingPointError(f"mse_loss: the loss is not finite ({loss}); y holds inf or NaN")
-    return loss, diff.astype(y.dtype, copy=False)
+        return sq / diff.size, diff * (2.0 / diff.size)
+    if reduction == "half_sum":
+        return 0.5 * sq, diff
+    return sq, diff * 2.0                                 # "sum"
+
+
+def log_softmax(z):
+    """log p_j = z_j − m − log Σ_k e^{z_k − m},  m = max_k z_k  (softmax and log in one: no log of a tiny p).
+
+    Shapes: ``z: (..., V)`` -> ``log p: (..., V)``.
+    """
+    m = z.max(axis=-1, keepdims=True)
+    return z - m - np.log(np.exp(z - m).sum(axis=-1, keepdims=True))
+
+
+def nll(logp, targets, valid):
+    """L = (1/N) Σ_n −log p_{n, y_n}, summed over the N positions where ``valid`` is True.
+
+    Shapes: ``logp: (..., V)``, ``targets, valid: (...)``  ->  ``L: float``.
+    """
+    logp_y = np.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]    # log p_{n, y_n}
+    N = max(int(valid.sum()), 1)                          # no valid target: L = 0
+    return float(-logp_y[valid].sum() / N)
+
+
+def nll_backward(logp, targets, valid):
+    """dL/dz_n = (p_n − onehot(y_n)) / N on valid positions, 0 on the others.
+
+    Shapes: ``logp: (..., V)``, ``targets, valid: (...)``  ->  ``dz: (..., V)``.
+    """
+    onehot = np.arange(logp.shape[-1]) == targets[..., None]                   # (..., V)
+    N = max(int(valid.sum()), 1)
+    return (np.exp(logp) - onehot) * valid[..., None] / N
 
 
 def cross_entropy(logits, targets, ignore_index=None):
     """L = (1/N) Σ_n −log p_{n, y_n},  p_n = softmax(z_n);  dL/dz_n = (p_n − onehot(y_n)) / N.
 
     N counts the targets that are not ``ignore_index`` (padding): ignored positions add nothing to
-    the loss and get a zero gradient. Softmax and log are fused: log p = z − m − log Σ e^{z − m},
-    so logits of ±1e4 give a finite loss, and the gradient p − onehot never divides by a tiny p.
-    If every target is ignored (or there are none: ``logits: (0, V)``), the loss is 0.0 and the
-    gradient is zero.
-    Shapes: ``logits: (..., V)``, ``targets: (...)`` integers in [0, V)  ->  ``(loss: float, dlogits: like logits)``.
-    float16/bfloat16 logits: the loss is computed in float32 and ``dlogits`` is returned in float32.
-    Its entries are about p/N, far below float16's smallest normal number for N in the thousands:
-    rounded now, most would vanish. Mixed-precision training (``tformer.scaling.precision``) multiplies it
-    by the loss scale first and then rounds it to the model's format.
+    the loss and get a zero gradient; if every target is ignored the loss is 0.0.
+    Shapes: ``logits: (..., V)``, ``targets: (...)`` integers in [0, V)
+    ->  ``(loss: float, dlogits: like logits)``.
     """
-    float_array("logits", logits, min_ndim=1)
-    if is_low(logits.dtype):
-        return cross_entropy(logits.astype(np.float32), targets, ignore_index)
-    int_array("targets", targets)
-    if targets.shape != logits.shape[:-1]:
-        raise ValueError(f"targets: expected shape {logits.shape[:-1]} (from logits {logits.shape}), "
-                         f"got {targets.shape}")
-    V = logits.shape[-1]
-    index_range("targets", targets, 0, V, ignore=ignore_index)
-    z = logits.reshape(-1, V)                            # (N, V)
-    t = targets.ravel()                                  # (N,)
-    N = z.shape[0]
-    valid = np.ones(t.shape, bool) if ignore_index is None else t != ignore_index
-    t_safe = np.where(valid, t, 0)
-    n = int(valid.sum())
-    if n == 0:
-        if not np.isfinite(z).all():
-            raise FloatingPointError("cross_entropy: logits hold inf or NaN")
-        return 0.0, np.zeros_like(logits)
-    p = np.empty_like(z)                                 # becomes dL/dz, row block by row block
-    nll = np.empty(N)                                    # −log p_y per row, float64
-    finite = np.ones(N, bool)
-    ones_V = np.ones(V, z.dtype)
-    big = np.finfo(z.dtype).max
-
-    def rows(lo, hi):
-        # Each row is shifted by m before the exponential (the softmax is the same for any shift:
-        # see softmax._softmax_shifted_inplace). First by its target's own logit, m = z_y: then
-        # Σ_j e^{z_j − m} holds e⁰ = 1, is ≥ 1, and needs no reduction over V to find m. Where
-        # that does not fit (a logit ~88 above the target's overflows, or the logits hold inf or
-        # NaN), the block is done again by the row maximum, which also reports non-finite logits.
-        zs, ps, ts = z[lo:hi], p[lo:hi], t_safe[lo:hi]
-        r = np.arange(hi - lo)
-        z_y = zs[r, ts][:, None]                         # (rows, 1)
-        total = shifted_exp(zs, ps, z_y)
-        if total.min() >= 1 and total.max() <= big:      # NaN fails both
-            z_t = 0.0                                    # z_y − m = 0
-        else:
-            m = zs.max(axis=1, keepdims=True)            # (rows, 1)
-            finite[lo:hi] = np.isfinite(m[:, 0])
-            if not finite[lo:hi].all():
-                return                                   # reported below, before anything is used
-            total = shifted_exp(zs, ps, m)
-            z_t = (z_y - m)[:, 0].astype(np.float64)     # z_y − m ≤ 0
-        nll[lo:hi] = np.log(total.astype(np.float64)) - z_t   # −log p_y = log Σ e^{z−m} − (z_y − m)
-        # (p − onehot)/N on valid rows, 0 elsewhere, with one pass over p: softmax's 1/Σ and the
-        # mean's valid/N form one per-row factor (the onehot entry, 1/Σ·e^{z_y−m} − 1, is rescaled
-        # the same way).
-        factor = (valid[lo:hi] / (n * total.astype(np.float64))).astype(ps.dtype)   # (rows,)
-        ps[r, ts] -= total                               # e^{z_y − m} − Σ: times factor gives (p_y − 1)/N
-        ps *= factor[:, None]
-
-    def shifted_exp(zs, ps, m):
-        """ps = e^{zs − m} (rows, V); returns Σ over each row, one BLAS gemv."""
-        with np.errstate(over="ignore", invalid="ignore"):
-            np.subtract(zs, m, out=ps)
-            np.exp(ps, out=ps)
-        return ps @ ones_V
-
-    parallel.parallel_for(rows, N, grain=parallel.grain_for(V))
-    if not finite.all():
-        raise FloatingPointError("cross_entropy: logits hold inf or NaN")
-    loss = float(nll[valid].sum() / n)                   # one whole sum, whatever the thread count
-    return loss, p.reshape(logits.shape)
+    valid = np.ones(targets.shape, bool) if ignore_index is None else targets != ignore_index
+    targets = np.where(valid, targets, 0)                 # any class: these rows are masked out
+    logp = log_softmax(logits)
+    return nll(logp, targets, valid), nll_backward(logp, targets, valid)
