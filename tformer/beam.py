@@ -87,29 +87,28 @@ def beam_search(model, prompt, beam_width, max_new_tokens, length_penalty=0.0, s
     """
     alpha = _check(prompt, beam_width, max_new_tokens, length_penalty, getattr(model, "max_len", None),
                    getattr(model, "vocab_size", None), stop_token)
-    B, T0 = prompt.shape
     k, L = int(beam_width), int(max_new_tokens)
     seqs = np.repeat(prompt[:, None, :], k, axis=1)                      # (B, k, T0)
-    scores = np.full((B, k), -np.inf)
+    scores = np.full((prompt.shape[0], k), -np.inf)                      # (B, k)
     scores[:, 0] = 0.0                                                   # one live beam at first
     best = _Finished(prompt, L, stop_token)
     was_training = model.training
     model.eval()
     try:
         for t in range(1, L + 1):
-            logits = model.forward(seqs.reshape(B * k, -1))[:, -1]        # (B·k, V)
+            logits = model.forward(seqs.reshape(-1, seqs.shape[2]))[:, -1]   # (B·k, V)
             seqs, scores, tok = _extend(seqs, scores, log_softmax(logits), k)
-            live = np.isfinite(scores)
-            done = live if t == L else live & ((tok == stop_token) if stop_token is not None else False)
+            # finished: the live hypotheses that emitted stop_token, or all of them at the last step
+            done = np.isfinite(scores) & (t == L or (tok == stop_token if stop_token is not None else False))
             best.add(seqs, scores / float(gnmt_penalty(t, alpha)), done, t)
             scores[done] = -np.inf                                         # finished: out of the beam
-            bound = scores.max(axis=1) / float(gnmt_penalty(L, alpha))   # (B,) best any live can reach
-            scores[best.score >= bound] = -np.inf                          # nothing left to gain
+            # s / lp(L) bounds what a live hypothesis can still reach: stop where it cannot win
+            scores[best.score >= scores.max(axis=1) / float(gnmt_penalty(L, alpha))] = -np.inf
             if not np.isfinite(scores).any():
                 break
     finally:
         model.train(was_training)
-    out = best.seq[:, :T0 + int(best.length.max())]
+    out = best.seq[:, :prompt.shape[1] + int(best.length.max())]    # (B, T0 + L_max)
     return (out, best.score) if return_scores else out
 
 

@@ -64,10 +64,7 @@ def train(model, optimizer, batch, forward_loss, steps, *, start_step=0, accum_s
     ``(step, metrics)`` pairs); with ``precision`` also ``loss_scale`` (S of each logged step) and
     ``skipped`` (the steps skipped on overflow; their ``grad_norm`` is NaN).
     """
-    _check_args(accum_steps, steps, start_step, precision, data_parallel)
-    mp = precision if precision is not None else FULL_PRECISION
-    dp = data_parallel if data_parallel is not None else ONE_PROCESS
-    hist = _new_history(precision is not None)
+    mp, dp, hist = _setup(accum_steps, steps, start_step, precision, data_parallel)
     mp.refresh()                                   # the copies follow the masters (e.g. just loaded)
     last_good, t0 = None, time.perf_counter()
     model.train()
@@ -78,30 +75,64 @@ def train(model, optimizer, batch, forward_loss, steps, *, start_step=0, accum_s
         scale = mp.loss_scale
         loss, cause = accumulate_gradients(model, batch, forward_loss, step, accum_steps, mp, dp)
         _stop_unless_finite(loss, "the loss", step, last_good, cause)
-        skip = not _unscale(mp, step, last_good)                 # fp16 overflow: no update, S halved
-        norm = float("nan") if skip else dp.clip_grad_norm(model, clip_norm or NO_CLIP)
-        if skip:
-            hist["skipped"].append(step)
-        else:
-            _stop_unless_finite(norm, "the gradient norm", step, last_good)
-            optimizer.step()
-            mp.refresh()                                         # masters → low-precision copies
+        norm = _update(model, optimizer, clip_norm, mp, dp, hist, step, last_good)
         if step % log_every == 0 or step == steps:
             _record(hist, step, loss, optimizer, norm, clip_norm, time.perf_counter() - t0, scale)
         if evaluate is not None and ((eval_every and step % eval_every == 0) or step == steps):
-            model.eval()
-            hist["eval"].append((step, evaluate(model)))
-            model.train()
-        saving = checkpoint_path and checkpoint_every and step % checkpoint_every == 0
-        if checkpoint_path and (saving or step == steps):
-            dp.save_checkpoint(checkpoint_path, model, optimizer, config, step,
-                               extra={"steps": steps}, precision=precision)
-            last_good = os.fspath(checkpoint_path)
-        if log_path and (saving or step == steps):
-            write_history(log_path, hist)
-        if hasattr(bar, "set_postfix") and not bar.disable:
-            bar.set_postfix(loss=f"{loss:.4g}", gnorm=f"{norm:.3g}", refresh=False)
+            _evaluate(model, evaluate, hist, step)
+        if step == steps or (checkpoint_path and checkpoint_every and step % checkpoint_every == 0):
+            last_good = _save(model, optimizer, config, step, steps, dp, precision, hist,
+                              checkpoint_path, log_path) or last_good
+        _show(bar, loss, norm)
     return hist
+
+
+def _setup(accum_steps, steps, start_step, precision, data_parallel):
+    """``train``'s arguments checked; returns its precision policy, its data-parallel policy
+    (each doing nothing when not given) and an empty history."""
+    _check_args(accum_steps, steps, start_step, precision, data_parallel)
+    mp = precision if precision is not None else FULL_PRECISION
+    dp = data_parallel if data_parallel is not None else ONE_PROCESS
+    return mp, dp, _new_history(precision is not None)
+
+
+def _update(model, optimizer, clip_norm, mp, dp, hist, step, last_good):
+    """Unscale the gradients (mixed precision), clip them and update the parameters; returns the
+    norm ‖g‖ before clipping, NaN for a step skipped on a float16 overflow (S halved)."""
+    if not _unscale(mp, step, last_good):
+        hist["skipped"].append(step)
+        return float("nan")
+    norm = dp.clip_grad_norm(model, clip_norm or NO_CLIP)
+    _stop_unless_finite(norm, "the gradient norm", step, last_good)
+    optimizer.step()
+    mp.refresh()                                   # masters → low-precision copies
+    return norm
+
+
+def _evaluate(model, evaluate, hist, step):
+    """``evaluate(model)`` in eval mode, recorded as ``(step, metrics)``; back to train mode."""
+    model.eval()
+    hist["eval"].append((step, evaluate(model)))
+    model.train()
+
+
+def _save(model, optimizer, config, step, steps, dp, precision, hist, checkpoint_path, log_path):
+    """The checkpoint (its ``extra`` holds ``steps``) and the history, where asked; returns the
+    checkpoint's path, or None if none was written."""
+    saved = None
+    if checkpoint_path:
+        dp.save_checkpoint(checkpoint_path, model, optimizer, config, step,
+                           extra={"steps": steps}, precision=precision)
+        saved = os.fspath(checkpoint_path)
+    if log_path:
+        write_history(log_path, hist)
+    return saved
+
+
+def _show(bar, loss, norm):
+    """The loss and gradient norm on the progress bar, if there is one."""
+    if hasattr(bar, "set_postfix") and not bar.disable:
+        bar.set_postfix(loss=f"{loss:.4g}", gnorm=f"{norm:.3g}", refresh=False)
 
 
 def accumulate_gradients(model, batch, forward_loss, step, accum_steps, mp, dp):
