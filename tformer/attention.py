@@ -18,6 +18,7 @@ import numpy as np
 
 from . import functional as F
 from .fast import attention as fast_attention
+from .kernels.attention import causal_mask, split_heads
 from ._validate import float_array
 from .layers import Linear, Module, _rng
 
@@ -102,52 +103,112 @@ class MultiHeadAttention(Module):
         self._cache = None
         self._rope = None
 
+    def forward(self, x, mask=None, kv_cache=None):
+        """x: (B, T, C) -> (B, T, C). With ``kv_cache`` (generation, no backward) the keys and values
+        of earlier positions come from the cache and ``x`` holds only the new positions."""
+        self._check_input(x)
+        q, k, v = self._project(x)                                  # Q = X W_q, K = X W_k, V = X W_v
+        q = split_heads(q, self.n_heads)                            # (B, H, T, D): Q_1 … Q_H
+        k, v = split_heads(k, self.n_kv_heads), split_heads(v, self.n_kv_heads)   # (B, H_kv, T, D)
+        q, k = self._rotate(q, k, kv_cache)                         # RoPE (the modern block); else as given
+        if kv_cache is not None:
+            k, v = kv_cache.append(k, v)                            # (B, H_kv, T_k, D): the cached keys too
+        merged, heads = self._heads_buffer(x.shape, x.dtype)        # (B, T, C) and its (B, H, T, D) view
+        att_cache = self._attend(q, k, v, mask, out=heads)          # head_h = softmax(Q_h K_hᵀ · scale + M) V_h
+        self._cache = None if kv_cache is not None else att_cache
+        return self.o(merged)                                       # Concat(head_1, …, head_H) W_o + b_o
+
+    def backward(self, dy):
+        """dy: (B, T, C) -> dx: (B, T, C); accumulates every projection's gradients."""
+        if self._cache is None:
+            raise RuntimeError("backward: no forward pass to differentiate (or it used a KV cache)")
+        dmerged = self.o.backward(dy)                               # ∂L/∂Concat(heads): (B, T, C)
+        dheads = split_heads(dmerged, self.n_heads)                 # (B, H, T, D), a view
+        if self.fused:
+            return self._fused_backward(dheads)
+        B, T, C = dmerged.shape
+        D, H_kv = C // self.n_heads, self.n_kv_heads
+        dq, dq_h = self._heads_buffer((B, T, C), dmerged.dtype)     # (B, T, C) and its heads
+        dk, dk_h = self._heads_buffer((B, T, H_kv * D), dmerged.dtype, H_kv)
+        dv, dv_h = self._heads_buffer((B, T, H_kv * D), dmerged.dtype, H_kv)
+        self._attend_backward(dheads, out=(dq_h, dk_h, dv_h))       # ∂L/∂Q_h, ∂L/∂K_h, ∂L/∂V_h, merged
+        self._rotate_backward(dq_h, dk_h)                           # RoPE: back through the rotation
+        dx = self.q.backward(dq)                                    # ∂L/∂X = ∂L/∂Q W_qᵀ
+        dx += self.k.backward(dk)                                   #       + ∂L/∂K W_kᵀ
+        dx += self.v.backward(dv)                                   #       + ∂L/∂V W_vᵀ
+        return dx
+
+    def _check_input(self, x):
+        float_array("x", x, ndim=3)
+        if x.shape[2] != self.d_model:
+            raise ValueError(f"x: expected last axis d_model = {self.d_model}, got shape {x.shape}")
+
     def _project(self, x):
+        """Q, K, V = X W_q, X W_k, X W_v; with ``fused_qkv`` one product X W_qkv, sliced (views)."""
         if self.fused:
             qkv = self.qkv(x)                                           # (B, T, C + 2 H_kv D)
             C, C_kv = self.d_model, self.n_kv_heads * (self.d_model // self.n_heads)
             return qkv[..., :C], qkv[..., C:C + C_kv], qkv[..., C + C_kv:]
         return self.q(x), self.k(x), self.v(x)
 
-    def forward(self, x, mask=None, kv_cache=None):
-        """x: (B, T, C) -> (B, T, C). With ``kv_cache`` (generation, no backward) the keys and values
-        of earlier positions come from the cache and ``x`` holds only the new positions."""
-        float_array("x", x, ndim=3)
-        if x.shape[2] != self.d_model:
-            raise ValueError(f"x: expected last axis d_model = {self.d_model}, got shape {x.shape}")
-        H, H_kv = self.n_heads, self.n_kv_heads
-        q, k, v = self._project(x)
-        q, k, v = F.split_heads(q, H), F.split_heads(k, H_kv), F.split_heads(v, H_kv)   # (B, H·, T, D)
+    def _rotate(self, q, k, kv_cache=None):
+        """With ``rope``: q and k rotated by RoPE at positions start … start+T−1, where ``start`` is the
+        number of positions already in ``kv_cache`` (the cache keeps rotated keys). Else as given."""
+        if not self.rope:
+            return q, k
+        start = kv_cache.t if kv_cache is not None else 0
+        q, rope_q = F.rope_forward(q, start, self.rope_base)
+        k, rope_k = F.rope_forward(k, start, self.rope_base)
+        self._rope = (rope_q, rope_k)
+        return q, k
+
+    def _rotate_backward(self, dq, dk):
+        """With RoPE, turn the gradients of the rotated q and k back (in place): dq ← Rᵀ dq."""
         if self.rope:
-            start = kv_cache.t if kv_cache is not None else 0           # positions start … start+T−1
-            q, rope_q = F.rope_forward(q, start, self.rope_base)
-            k, rope_k = F.rope_forward(k, start, self.rope_base)        # the cache keeps rotated keys
-            self._rope = (rope_q, rope_k)
-        if kv_cache is not None:
-            k, v = kv_cache.append(k, v)                                  # (B, H_kv, T_k, D)
-        merged, y = self._heads_buffer(x.shape, x.dtype)                  # (B, T, C), (B, H, T, D) view
+            F.rope_backward(dq, self._rope[0], out=dq)
+            F.rope_backward(dk, self._rope[1], out=dk)
+
+    def _attend(self, q, k, v, mask, out):
+        """The heads softmax(Q_h K_hᵀ · scale + M) V_h written into ``out`` (B, H, T, D) by the fast
+        kernels; returns the kernel's cache and keeps P in ``self.att`` (None for ``"flash"``)."""
+        self.att = None
         if self.attention == "flash":
             # The online softmax: the causal mask (queries after the cached positions) and any
             # extra mask are applied tile by tile; no (B, H, T, T_k) array is made.
-            _, att_cache = F.flash_attention_forward(q, k, v, mask, self.scale, is_causal=self.causal,
-                                                     out=y)
-            self.att = None
-        elif self.causal and mask is None and q.shape[2] == k.shape[2]:
+            return F.flash_attention_forward(q, k, v, mask, self.scale, is_causal=self.causal, out=out)[1]
+        if self.causal and mask is None and q.shape[2] == k.shape[2]:
             # Training, scoring, and a prompt entering an empty KV cache: the kernel's causal path
             # skips the masked tiles.
-            _, att_cache = fast_attention.attention_forward(q, k, v, None, self.scale, is_causal=True, out=y)
-            self.att = att_cache.P
+            _, cache = fast_attention.attention_forward(q, k, v, None, self.scale, is_causal=True, out=out)
         elif mask is None and q.shape[2] == 1:
             # Decoding one token: it is the last position, so it may see every cached key and the
             # causal mask (1, T_k) would be all True; no mask is built or applied.
-            _, att_cache = fast_attention.attention_forward(q, k, v, None, self.scale, out=y)
-            self.att = att_cache.P
+            _, cache = fast_attention.attention_forward(q, k, v, None, self.scale, out=out)
         else:
             full = self._mask(q.shape[2], k.shape[2], mask)
-            _, att_cache = F.attention_forward(q, k, v, full, self.scale, out=y)   # the mask checked
-            self.att = att_cache.P
-        self._cache = None if kv_cache is not None else att_cache
-        return self.o(merged)                                             # (B, T, C)
+            _, cache = F.attention_forward(q, k, v, full, self.scale, out=out)   # the mask checked
+        self.att = cache.P                                                 # (B, H, T, T_k)
+        return cache
+
+    def _attend_backward(self, dheads, out):
+        """The backward pass of the kernel ``_attend`` used, into ``out = (dq, dk, dv)`` (head views)."""
+        if self.attention == "flash":
+            return F.flash_attention_backward(dheads, self._cache, out=out)
+        return fast_attention.attention_backward(dheads, self._cache, out=out)
+
+    def _fused_backward(self, dheads):
+        """``backward`` with ``fused_qkv``: the three gradients are written by the kernel straight into
+        the head-merged layout of one (B, T, C + 2 H_kv D) buffer, through views (no merge, no
+        concatenation), and go back through W_qkv in one product."""
+        B, H, T, D = dheads.shape
+        C, C_kv = H * D, self.n_kv_heads * D
+        dqkv = np.empty((B, T, C + 2 * C_kv), dheads.dtype)             # (B, T, C + 2 H_kv D)
+        views = (dqkv[..., :C].reshape(B, T, H, D).transpose(0, 2, 1, 3),             # (B, H, T, D)
+                 dqkv[..., C:C + C_kv].reshape(B, T, -1, D).transpose(0, 2, 1, 3),    # (B, H_kv, T, D)
+                 dqkv[..., C + C_kv:].reshape(B, T, -1, D).transpose(0, 2, 1, 3))
+        self._attend_backward(dheads, out=views)
+        self._rotate_backward(views[0], views[1])
+        return self.qkv.backward(dqkv)
 
     def _heads_buffer(self, shape, dtype, n_heads=None):
         """A new (B, T, C) array and its (B, H, T, D) view: a kernel writing per-head results into
@@ -161,52 +222,12 @@ class MultiHeadAttention(Module):
     def _mask(self, T_q, T_k, mask):
         if not self.causal:
             return mask
-        causal = F.causal_mask(T_q, T_k)                                  # (T_q, T_k)
+        causal = causal_mask(T_q, T_k)                                    # (T_q, T_k)
         if mask is None:
             return causal
         if mask.dtype == bool:
             return mask & causal
         return np.where(causal, mask, -np.inf).astype(mask.dtype)
-
-    def backward(self, dy):
-        """dy: (B, T, C) -> dx: (B, T, C); accumulates every projection's gradients."""
-        if self._cache is None:
-            raise RuntimeError("backward: no forward pass to differentiate (or it used a KV cache)")
-        dmerged = self.o.backward(dy)                                     # (B, T, C)
-        dheads = F.split_heads(dmerged, self.n_heads)                     # (B, H, T, D), a view
-        B, T, C = dmerged.shape
-        H, H_kv = self.n_heads, self.n_kv_heads
-        D = C // H
-        if self.fused:
-            # The three gradients are written by the kernel straight into the head-merged layout
-            # of one (B, T, C + 2 H_kv D) buffer, through views: no merge, no concatenation.
-            dqkv = np.empty((B, T, C + 2 * H_kv * D), dmerged.dtype)      # (B, T, C + 2 H_kv D)
-            views = (dqkv[..., :C].reshape(B, T, H, D).transpose(0, 2, 1, 3),             # (B, H, T, D)
-                     dqkv[..., C:C + H_kv * D].reshape(B, T, H_kv, D).transpose(0, 2, 1, 3),
-                     dqkv[..., C + H_kv * D:].reshape(B, T, H_kv, D).transpose(0, 2, 1, 3))
-            self._kernel_backward(dheads, self._cache, out=views)
-            self._rope_backward(views[0], views[1])
-            return self.qkv.backward(dqkv)
-        (dq, dq_h), (dk, dk_h), (dv, dv_h) = (self._heads_buffer((B, T, n * D), dmerged.dtype, n)
-                                              for n in (H, H_kv, H_kv))
-        self._kernel_backward(dheads, self._cache, out=(dq_h, dk_h, dv_h))  # into (B, T, ·) buffers
-        self._rope_backward(dq_h, dk_h)
-        dx = self.q.backward(dq)
-        dx += self.k.backward(dk)
-        dx += self.v.backward(dv)
-        return dx
-
-    def _kernel_backward(self, dheads, cache, out):
-        """The backward pass of the kernel the forward pass used."""
-        if self.attention == "flash":
-            return F.flash_attention_backward(dheads, cache, out=out)
-        return fast_attention.attention_backward(dheads, cache, out=out)
-
-    def _rope_backward(self, dq, dk):
-        """With RoPE, turn the gradients of the rotated q and k back (in place): dq ← Rᵀ dq."""
-        if self.rope:
-            F.rope_backward(dq, self._rope[0], out=dq)
-            F.rope_backward(dk, self._rope[1], out=dk)
 
     def new_cache(self, B, max_len):
         """An empty ``KVCache`` sized for this layer (``n_kv_heads`` heads: GQA caches only those)."""
