@@ -1,11 +1,11 @@
-"""The lean one-token decoding step (tformer.kernels.decode) against the general layers:
+"""The lean one-token decoding step (tformer.fast.decode) against the general layers:
 the same bits, taken only where it applies, and the same errors."""
 import numpy as np
 import pytest
 
 from tformer import parallel
 from tformer.generate import greedy
-from tformer.kernels import decode
+from tformer.fast import decode
 from tformer.models.tinygpt import TinyGPT
 
 

@@ -20,9 +20,9 @@ import math
 import numpy as np
 
 from .. import parallel
-from ..fast import linear as _linear
+from . import linear as _linear
 from .activations import _GELU_A, _GELU_B
-from ._grouped_heads import _split_axis
+from ..kernels._grouped_heads import _split_axis
 from .softmax import _softmax_inplace
 
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64))   # float16/bfloat16: general path

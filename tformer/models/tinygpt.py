@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import functional as F
 from .._validate import index_range, int_array
-from ..kernels import decode
+from ..fast import decode
 from ..attention import check_attention
 from ..blocks import PostNormGPTBlock, PreNormBlock, modern_parts
 from ..layers import Embedding, Linear, Module, ModuleList
@@ -100,7 +100,7 @@ class TinyGPT(Module):
                            else None)
         self._recomputed = False           # did the last forward pass go through _recompute?
         self._replicas = Replicas(self)    # training with threads: the batch cut across them
-        # The lean one-token step (tformer.kernels.decode) is seed 004's block only.
+        # The lean one-token step (tformer.fast.decode) is seed 004's block only.
         self._lean = (norm == "layernorm" and positions != "rope" and mlp == "gelu"
                       and n_kv_heads == n_heads and attention == "plain"
                       and norm_position == "pre" and not tie_embeddings)
@@ -196,7 +196,7 @@ class TinyGPT(Module):
     lean_decode = True   # False: every step through the general layers (tests compare)
 
     def _lean_step(self, B):
-        """Can one new token per sequence go through ``kernels.decode`` (seed 004's block, in
+        """Can one new token per sequence go through ``fast.decode`` (seed 004's block, in
         inference, in float32/float64, at a size it does not split across threads)?"""
         cfg = self.config
         return (self._lean and self.lean_decode and not self.training
@@ -205,7 +205,7 @@ class TinyGPT(Module):
 
     def _decode_step(self, tokens, kv_caches, start):
         """One new token per sequence after ``start`` cached ones, through
-        ``kernels.decode``: the general layers' arithmetic in a fifth of the Python calls.
+        ``fast.decode``: the general layers' arithmetic in a fifth of the Python calls.
         -> (B, 1, V)."""
         B = tokens.shape[0]
         W = self.wte.W

@@ -95,8 +95,7 @@ def run(layers=2, d_model=64, heads=4, d_ff=256, epochs=500, lr=1e-3, batch_size
                  log_path=log_path)
     seconds = time.perf_counter() - t0
     ep = [step // spe if step % spe == 0 else round(step / spe, 3) for step, _ in hist["eval"]]
-    tr = [m["train_mse"] for _, m in hist["eval"]]
-    te = [m["test_mse"] for _, m in hist["eval"]]
+    tr, te = ([m[key] for _, m in hist["eval"]] for key in ("train_mse", "test_mse"))   # per epoch
     crossed = next((e for e, v in zip(ep, tr) if v <= target), None)
     return {"model": model, "data": data, "history": hist, "epochs": ep, "train_mse": tr, "test_mse": te,
             "crossed": crossed, "target": target, "final_mse": tr[-1], "final_test_mse": te[-1],
