@@ -108,13 +108,11 @@ class MultiHeadAttention(Module):
         of earlier positions come from the cache and ``x`` holds only the new positions."""
         self._check_input(x)
         q, k, v = self._project(x)                                  # Q = X W_q, K = X W_k, V = X W_v
-        q = split_heads(q, self.n_heads)                            # (B, H, T, D): Q_1 … Q_H
-        k, v = split_heads(k, self.n_kv_heads), split_heads(v, self.n_kv_heads)   # (B, H_kv, T, D)
+        q, k, v = self._split_heads(q, k, v)                        # (B, H, T, D): Q_h, K_h, V_h
         q, k = self._rotate(q, k, kv_cache)                         # RoPE (the modern block); else as given
         if kv_cache is not None:
-            k, v = kv_cache.append(k, v)                            # (B, H_kv, T_k, D): the cached keys too
-        merged, heads = self._heads_buffer(x.shape, x.dtype)        # (B, T, C) and its (B, H, T, D) view
-        att_cache = self._attend(q, k, v, mask, out=heads)          # head_h = softmax(Q_h K_hᵀ · scale + M) V_h
+            k, v = kv_cache.append(k, v)                            # (B, H, T_k, D): the cached keys too
+        merged, att_cache = self._attend(q, k, v, mask)             # Concat(head_1, …, head_H): (B, T, C)
         self._cache = None if kv_cache is not None else att_cache
         return self.o(merged)                                       # Concat(head_1, …, head_H) W_o + b_o
 
@@ -126,13 +124,7 @@ class MultiHeadAttention(Module):
         dheads = split_heads(dmerged, self.n_heads)                 # (B, H, T, D), a view
         if self.fused:
             return self._fused_backward(dheads)
-        B, T, C = dmerged.shape
-        D, H_kv = C // self.n_heads, self.n_kv_heads
-        dq, dq_h = self._heads_buffer((B, T, C), dmerged.dtype)     # (B, T, C) and its heads
-        dk, dk_h = self._heads_buffer((B, T, H_kv * D), dmerged.dtype, H_kv)
-        dv, dv_h = self._heads_buffer((B, T, H_kv * D), dmerged.dtype, H_kv)
-        self._attend_backward(dheads, out=(dq_h, dk_h, dv_h))       # ∂L/∂Q_h, ∂L/∂K_h, ∂L/∂V_h, merged
-        self._rotate_backward(dq_h, dk_h)                           # RoPE: back through the rotation
+        dq, dk, dv = self._attend_backward(dheads)                  # ∂L/∂Q, ∂L/∂K, ∂L/∂V: (B, T, ·)
         dx = self.q.backward(dq)                                    # ∂L/∂X = ∂L/∂Q W_qᵀ
         dx += self.k.backward(dk)                                   #       + ∂L/∂K W_kᵀ
         dx += self.v.backward(dv)                                   #       + ∂L/∂V W_vᵀ
@@ -168,9 +160,22 @@ class MultiHeadAttention(Module):
             F.rope_backward(dq, self._rope[0], out=dq)
             F.rope_backward(dk, self._rope[1], out=dk)
 
-    def _attend(self, q, k, v, mask, out):
-        """The heads softmax(Q_h K_hᵀ · scale + M) V_h written into ``out`` (B, H, T, D) by the fast
-        kernels; returns the kernel's cache and keeps P in ``self.att`` (None for ``"flash"``)."""
+    def _split_heads(self, q, k, v):
+        """(B, T, ·) -> (B, H, T, D) each; with ``n_kv_heads`` (grouped-query attention, the modern
+        block) K and V have H_kv heads."""
+        H, H_kv = self.n_heads, self.n_kv_heads
+        return split_heads(q, H), split_heads(k, H_kv), split_heads(v, H_kv)
+
+    def _attend(self, q, k, v, mask):
+        """head_h = softmax(Q_h K_hᵀ · scale + M) V_h for every head, by the fast kernels, written into
+        the (B, H, T, D) view of a (B, T, C) array: returns that array (the heads concatenated) and
+        the kernel's cache; keeps P in ``self.att`` (None for ``"flash"``)."""
+        B, H, T, D = q.shape
+        merged, out = self._heads_buffer((B, T, H * D), q.dtype)       # (B, T, C) and its heads
+        return merged, self._kernel(q, k, v, mask, out)
+
+    def _kernel(self, q, k, v, mask, out):
+        """The attention kernel for this call, writing the heads into ``out``; returns its cache."""
         self.att = None
         if self.attention == "flash":
             # The online softmax: the causal mask (queries after the cached positions) and any
@@ -190,8 +195,19 @@ class MultiHeadAttention(Module):
         self.att = cache.P                                                 # (B, H, T, T_k)
         return cache
 
-    def _attend_backward(self, dheads, out):
-        """The backward pass of the kernel ``_attend`` used, into ``out = (dq, dk, dv)`` (head views)."""
+    def _attend_backward(self, dheads):
+        """∂L/∂Q, ∂L/∂K, ∂L/∂V from ∂L/∂head: (B, T, C), (B, T, H_kv·D) ×2, written head by head into
+        (B, H, T, D) views (the heads come out merged), and turned back through RoPE."""
+        B, H, T, D = dheads.shape
+        dq, dq_h = self._heads_buffer((B, T, H * D), dheads.dtype)
+        dk, dk_h = self._heads_buffer((B, T, self.n_kv_heads * D), dheads.dtype, self.n_kv_heads)
+        dv, dv_h = self._heads_buffer((B, T, self.n_kv_heads * D), dheads.dtype, self.n_kv_heads)
+        self._kernel_backward(dheads, out=(dq_h, dk_h, dv_h))
+        self._rotate_backward(dq_h, dk_h)
+        return dq, dk, dv
+
+    def _kernel_backward(self, dheads, out):
+        """The backward pass of the kernel ``_kernel`` used, into ``out = (dq, dk, dv)`` (head views)."""
         if self.attention == "flash":
             return F.flash_attention_backward(dheads, self._cache, out=out)
         return fast_attention.attention_backward(dheads, self._cache, out=out)
@@ -206,7 +222,7 @@ class MultiHeadAttention(Module):
         views = (dqkv[..., :C].reshape(B, T, H, D).transpose(0, 2, 1, 3),             # (B, H, T, D)
                  dqkv[..., C:C + C_kv].reshape(B, T, -1, D).transpose(0, 2, 1, 3),    # (B, H_kv, T, D)
                  dqkv[..., C + C_kv:].reshape(B, T, -1, D).transpose(0, 2, 1, 3))
-        self._attend_backward(dheads, out=views)
+        self._kernel_backward(dheads, out=views)
         self._rotate_backward(views[0], views[1])
         return self.qkv.backward(dqkv)
 

@@ -72,8 +72,8 @@ def attention_forward(q, k, v, mask=None, scale=None):
     m = S.max(axis=-1, keepdims=True)                   # each row's largest score
     m[np.isneginf(m)] = 0                               # a row with every key masked: exp(−inf) = 0
     E = np.exp(S - m)
-    ell = E.sum(axis=-1, keepdims=True)
-    P = np.divide(E, ell, out=np.zeros_like(E), where=ell > 0)   # P = softmax(S), row by row
+    ell = E.sum(axis=-1, keepdims=True)                 # ℓ = Σ_j e^(s_j − m), 0 for such a row
+    P = E / np.where(ell > 0, ell, 1)                   # P = softmax(S), row by row
     y = P @ v                                           # Y = P V   (..., T_q, D_v)
     return y, AttentionCache(q, k, v, P, scale)
 
