@@ -128,7 +128,7 @@ class Optimizer:
             if all(a.flags.c_contiguous for a in (param, grad, *state.values())):
                 flat = {k: a.reshape(-1) for k, a in state.items()}   # views: they write through
                 self._sweep(param.reshape(-1), grad.reshape(-1), flat, 0, param.size)
-            else:
+            else:                                   # views that do not flatten: the equation itself
                 self._update(param, grad, state)
 
     def _sweep(self, p, g, state, lo, hi):
@@ -142,10 +142,16 @@ class Optimizer:
         """
         for a in range(lo, hi, _BLOCK):
             b = min(a + _BLOCK, hi)
-            self._update(p[a:b], g[a:b], {k: x[a:b] for k, x in state.items()})
+            self._update_inplace(p[a:b], g[a:b], {k: x[a:b] for k, x in state.items()})
 
     def _update(self, param, grad, state):
+        """The update equation of one parameter, written as the chapter writes it."""
         raise NotImplementedError
+
+    def _update_inplace(self, param, grad, state):
+        """``_update`` with the same arithmetic and no temporary arrays (``tests/test_optim.py``
+        holds the two equal bit for bit); the step's contiguous sweep calls this one."""
+        self._update(param, grad, state)
 
     # -- serialization -------------------------------------------------------------------------
 
@@ -244,17 +250,14 @@ class SGD(Optimizer):
         self.lr = lr
 
     def _update(self, param, grad, state):
-        if self.weight_decay == 0.0 and self.momentum == 0.0:
-            param -= self.lr * grad  # one temporary in param's dtype
-            return
+        """g ← ∇θ + λθ,  b ← μ b + g,  θ ← θ − η b  (θ ← θ − η g without momentum)."""
         g = grad
         if self.weight_decay != 0.0:
-            g = np.multiply(param, self.weight_decay)  # λθ
-            g += grad                                   # g = ∇θ + λθ
+            g = grad + self.weight_decay * param        # a new array: the gradient is not modified
         if self.momentum != 0.0:
             b = state["momentum_buffer"]
             b *= self.momentum
-            b += g                                      # b = μb + g
+            b += g                                      # b = μ b + g, in the state
             g = b
         param -= self.lr * g
 
@@ -298,10 +301,19 @@ class _AdamBase(Optimizer):
         return buf[0, :n].reshape(like.shape), buf[1, :n].reshape(like.shape)
 
     def _moments(self, grad, state):
-        """m ← β1 m + (1−β1) g, v ← β2 v + (1−β2) g², in place; return (m_hat, v_hat) buffers.
+        """m ← β1 m + (1−β1) g,  v ← β2 v + (1−β2) g²;  returns m_hat = m / (1 − β1^t), v_hat = v / (1 − β2^t).
 
-        The two returned arrays are scratch buffers in the parameter's dtype (reused by the next
-        parameter) that the caller may overwrite: m_hat = m / (1 − β1^t), v_hat = v / (1 − β2^t)."""
+        ``m`` and ``v`` are the optimizer's state: they are updated where they are (``[...] =``)."""
+        m, v = state["m"], state["v"]
+        m[...] = self.beta1 * m + (1 - self.beta1) * grad
+        v[...] = self.beta2 * v + (1 - self.beta2) * grad**2
+        m_hat = m / (1 - self.beta1 ** self.t)
+        v_hat = v / (1 - self.beta2 ** self.t)
+        return m_hat, v_hat
+
+    def _moments_inplace(self, grad, state):
+        """``_moments`` with the same arithmetic, written into two scratch buffers of the
+        parameter's dtype (reused by the next parameter; the caller may overwrite them)."""
         m, v = state["m"], state["v"]
         m_hat, v_hat = self._scratch(grad)
         np.multiply(grad, 1.0 - self.beta1, out=m_hat)     # (1−β1) g
@@ -337,7 +349,12 @@ class Adam(_AdamBase):
         super().__init__(model, lr, betas, eps)
 
     def _update(self, param, grad, state):
+        """θ ← θ − η · m_hat / (√v_hat + ε)."""
         m_hat, v_hat = self._moments(grad, state)
+        param -= self.lr * (m_hat / (np.sqrt(v_hat) + self.eps))
+
+    def _update_inplace(self, param, grad, state):
+        m_hat, v_hat = self._moments_inplace(grad, state)
         np.sqrt(v_hat, out=v_hat)
         v_hat += self.eps                   # √v_hat + ε
         m_hat /= v_hat                      # m_hat / (√v_hat + ε)
@@ -382,7 +399,18 @@ class AdamW(_AdamBase):
         super().__init__(model, lr, betas, eps)
 
     def _update(self, param, grad, state):
+        """Seeds 000/001: W ← (1 − λη) W − η m_hat / √(v_hat + ε);  seed 004: θ ← θ − α (m_hat / (√v_hat + ε) + λθ)."""
         m_hat, v_hat = self._moments(grad, state)
+        if self.eps_inside_sqrt:
+            param *= 1.0 - self.weight_decay * self.lr
+            param -= self.lr * (m_hat / np.sqrt(v_hat + self.eps))
+        elif self.weight_decay != 0.0:
+            param -= self.lr * (m_hat / (np.sqrt(v_hat) + self.eps) + self.weight_decay * param)
+        else:
+            param -= self.lr * (m_hat / (np.sqrt(v_hat) + self.eps))
+
+    def _update_inplace(self, param, grad, state):
+        m_hat, v_hat = self._moments_inplace(grad, state)
         if self.eps_inside_sqrt:            # seeds 000/001
             v_hat += self.eps
             np.sqrt(v_hat, out=v_hat)       # √(v_hat + ε)
