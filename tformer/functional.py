@@ -146,30 +146,42 @@ def _upstream_shape(name, dy, shape):
         raise ValueError(f"{name}: expected shape {shape}, got {dy.shape}")
 
 
-def _elementwise(kernel, name="x"):
-    """A checked ``*_forward`` of one float array (``x``)."""
-    def forward(x):
-        float_array(name, x)
-        return kernel(x)
-    forward.__name__, forward.__doc__ = kernel.__name__, kernel.__doc__
-    return forward
+def relu_forward(x):
+    """y = max(0, x) (``tformer.kernels.activations.relu_forward``), checked. Returns ``y, cache``."""
+    float_array("x", x)
+    return _fast_act.relu_forward(x)
 
 
-def _elementwise_backward(kernel, saved):
-    """A checked ``*_backward``: ``dy`` of the shape of the saved input ``saved(cache)``."""
-    def backward(dy, cache):
-        _upstream_shape("dy", dy, saved(cache).shape)
-        return kernel(dy, cache)
-    backward.__name__, backward.__doc__ = kernel.__name__, kernel.__doc__
-    return backward
+def relu_backward(dy, cache):
+    """dx = dy ⊙ 1[x > 0] (``tformer.kernels.activations.relu_backward``), checked."""
+    _upstream_shape("dy", dy, cache.shape)
+    return _fast_act.relu_backward(dy, cache)
 
 
-relu_forward = _elementwise(_fast_act.relu_forward)
-relu_backward = _elementwise_backward(_fast_act.relu_backward, lambda y: y)
-sigmoid_forward = _elementwise(_fast_act.sigmoid_forward)
-sigmoid_backward = _elementwise_backward(_fast_act.sigmoid_backward, lambda y: y)
-swish_forward = _elementwise(_fast_act.swish_forward)
-swish_backward = _elementwise_backward(_fast_act.swish_backward, lambda c: c.h)
+def sigmoid_forward(x):
+    """σ(x) = ½(1 + tanh(x/2)) (``tformer.kernels.activations.sigmoid_forward``), checked, computed by
+    ``tformer.fast.activations.sigmoid_forward``. Returns ``y, cache``."""
+    float_array("x", x)
+    return _fast_act.sigmoid_forward(x)
+
+
+def sigmoid_backward(dy, cache):
+    """dx = dy ⊙ σ(1 − σ) (``tformer.kernels.activations.sigmoid_backward``), checked."""
+    _upstream_shape("dy", dy, cache.shape)
+    return _fast_act.sigmoid_backward(dy, cache)
+
+
+def swish_forward(h):
+    """h ⊙ σ(h) (``tformer.kernels.activations.swish_forward``), checked, computed by
+    ``tformer.fast.activations.swish_forward``. Returns ``y, cache``."""
+    float_array("x", h)
+    return _fast_act.swish_forward(h)
+
+
+def swish_backward(dy, cache):
+    """dh = dy ⊙ [σ + h σ (1 − σ)] (``tformer.kernels.activations.swish_backward``), checked."""
+    _upstream_shape("dy", dy, cache.h.shape)
+    return _fast_act.swish_backward(dy, cache)
 
 
 def gelu_forward(x, approximate="tanh"):
