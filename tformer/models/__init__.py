@@ -1,4 +1,4 @@
-"""The five source systems, one file each (see ``shared/seeds``).
+"""The five source systems, one file each (see ``shared/seeds``), and the first chapter's model.
 
 | class | seed | file |
 | --- | --- | --- |
@@ -7,11 +7,15 @@
 | ``Transformer`` | 002 | ``transformer.py`` |
 | ``Encoder`` | 003 | ``encoder.py`` |
 | ``TinyGPT`` | 004 | ``tinygpt.py`` |
+
+``OneHeadLM`` (``one_head.py``) is no source system: the whole picture of the first chapter, a
+byte-level language model with one causal attention head.
 """
 from .attention_layer import AttentionLayer
 from .encoder import Encoder
+from .one_head import OneHeadLM
 from .tinygpt import TinyGPT
 from .transformer import Transformer
 from .two_layer import TwoLayerTransformer
 
-__all__ = ["AttentionLayer", "TwoLayerTransformer", "Transformer", "Encoder", "TinyGPT"]
+__all__ = ["AttentionLayer", "TwoLayerTransformer", "Transformer", "Encoder", "TinyGPT", "OneHeadLM"]
