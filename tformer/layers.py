@@ -344,11 +344,14 @@ class FeedForward(Module):
 
     def backward(self, dy):
         dh = self.drop.backward(self.fc2.backward(dy))                  # (B, T, d_ff)
+        return self.fc1.backward(self._activation_backward(dh))
+
+    def _activation_backward(self, dh):
+        """The activation's backward pass. dh is fc2's fresh dX (or dropout's fresh product), held
+        by nothing else: GELU's gradient overwrites it, one (B, T, d_ff) array fewer per step."""
         if self.act.name == "gelu":
-            # dh is fc2's fresh dX (or dropout's fresh product), held by nothing else: GELU's
-            # gradient overwrites it, one (B, T, d_ff) array fewer per step.
-            return self.fc1.backward(self.act.backward(dh, out=dh))
-        return self.fc1.backward(self.act.backward(dh))
+            return self.act.backward(dh, out=dh)
+        return self.act.backward(dh)
 
 
 class SinusoidalPositions(Module):

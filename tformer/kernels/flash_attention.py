@@ -21,6 +21,7 @@ reuses ``_grouped`` and ``_matmul_sum`` (kernels/_grouped_heads.py), as the plai
 version does (fast/attention.py).
 """
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -39,6 +40,23 @@ from ._grouped_heads import _grouped, _matmul_sum, _split_axis
 BLOCK_Q = 128
 #: Key tile size (rows of K and V per step); see ``BLOCK_Q``.
 BLOCK_K = 128
+
+
+class FlashAttentionCache(NamedTuple):
+    """What the backward pass needs: the inputs and output, each row's maximum m and sum ℓ (P is
+    recomputed from them), and how the forward pass ran (mask, causal, tile sizes)."""
+    q: np.ndarray                # Q: (..., T_q, D)
+    k: np.ndarray                # K: (..., T_k, D)
+    v: np.ndarray                # V: (..., T_k, D_v)
+    y: np.ndarray                # Y: (..., T_q, D_v)
+    m: np.ndarray                # m: (..., T_q), each row's largest score
+    ell: np.ndarray              # ℓ = Σ_j e^(s_j − m): (..., T_q)
+    scale: float
+    blocked: object              # the boolean mask's blocked entries (a broadcast view) or None
+    additive: object             # the additive mask (a broadcast view) or None
+    is_causal: bool
+    block_q: int
+    block_k: int
 
 
 def flash_attention_forward(q, k, v, mask=None, scale=None, is_causal=False, out=None,
@@ -110,7 +128,7 @@ def flash_attention_forward(q, k, v, mask=None, scale=None, is_causal=False, out
             ellg[lo:hi, ..., a:b, :] = ell
 
     parallel.parallel_for(seqs, *_split_axis(qg))
-    return y, (q, k, v, y, (m_all, ell_all), scale, (blocked, additive), is_causal, (bq, bk))
+    return y, FlashAttentionCache(q, k, v, y, m_all, ell_all, scale, blocked, additive, is_causal, bq, bk)
 
 
 def _merge_tile(S, m, ell, o, v, pv_buf, ones, first):
@@ -176,7 +194,7 @@ def flash_attention_backward(dy, cache, out=None):
     Shapes: ``dy: (..., T_q, D_v)`` -> ``(dq, dk, dv)`` shaped like ``q, k, v``.
     ``out=(dq, dk, dv)``: arrays or views to write into, as ``attention_backward``.
     """
-    q, k, v, y, (m_all, ell_all), scale, (blocked, additive), is_causal, (bq, bk) = cache
+    q, k, v, y, m_all, ell_all, scale, blocked, additive, is_causal, bq, bk = cache
     float_array("dy", dy, min_ndim=2)
     if dy.shape != y.shape:
         raise ValueError(f"dy: expected shape {y.shape}, got {dy.shape}")
