@@ -70,44 +70,50 @@ def cross_entropy(logits, targets, ignore_index=None):
     nll = np.empty(N)                                    # −log p_y per row, float64
     finite = np.ones(N, bool)
     ones_V = np.ones(V, z.dtype)
-    big = np.finfo(z.dtype).max
 
     def rows(lo, hi):
-        # Each row is shifted by m before the exponential (the softmax is the same for any shift:
-        # see softmax._softmax_shifted_inplace). First by its target's own logit, m = z_y: then
-        # Σ_j e^{z_j − m} holds e⁰ = 1, is ≥ 1, and needs no reduction over V to find m. Where
-        # that does not fit (a logit ~88 above the target's overflows, or the logits hold inf or
-        # NaN), the block is done again by the row maximum, which also reports non-finite logits.
-        zs, ps, ts = z[lo:hi], p[lo:hi], t_safe[lo:hi]
-        r = np.arange(hi - lo)
-        z_y = zs[r, ts][:, None]                         # (rows, 1)
-        total = shifted_exp(zs, ps, z_y)
-        if total.min() >= 1 and total.max() <= big:      # NaN fails both
-            z_t = 0.0                                    # z_y − m = 0
-        else:
-            m = zs.max(axis=1, keepdims=True)            # (rows, 1)
-            finite[lo:hi] = np.isfinite(m[:, 0])
-            if not finite[lo:hi].all():
-                return                                   # reported below, before anything is used
-            total = shifted_exp(zs, ps, m)
-            z_t = (z_y - m)[:, 0].astype(np.float64)     # z_y − m ≤ 0
-        nll[lo:hi] = np.log(total.astype(np.float64)) - z_t   # −log p_y = log Σ e^{z−m} − (z_y − m)
-        # (p − onehot)/N on valid rows, 0 elsewhere, with one pass over p: softmax's 1/Σ and the
-        # mean's valid/N form one per-row factor (the onehot entry, 1/Σ·e^{z_y−m} − 1, is rescaled
-        # the same way).
-        factor = (valid[lo:hi] / (n * total.astype(np.float64))).astype(ps.dtype)   # (rows,)
-        ps[r, ts] -= total                               # e^{z_y − m} − Σ: times factor gives (p_y − 1)/N
-        ps *= factor[:, None]
-
-    def shifted_exp(zs, ps, m):
-        """ps = e^{zs − m} (rows, V); returns Σ over each row, one BLAS gemv."""
-        with np.errstate(over="ignore", invalid="ignore"):
-            np.subtract(zs, m, out=ps)
-            np.exp(ps, out=ps)
-        return ps @ ones_V
+        _rows(z[lo:hi], p[lo:hi], t_safe[lo:hi], valid[lo:hi], n, ones_V, nll[lo:hi], finite[lo:hi])
 
     parallel.parallel_for(rows, N, grain=parallel.grain_for(V))
     if not finite.all():
         raise FloatingPointError("cross_entropy: logits hold inf or NaN")
     loss = float(nll[valid].sum() / n)                   # one whole sum, whatever the thread count
     return loss, p.reshape(logits.shape)
+
+
+def _rows(zs, ps, ts, valid, n, ones_V, nll, finite):
+    """One block of rows: ``ps`` ← (p − onehot)·valid/n, ``nll`` ← −log p_y (float64), ``finite`` ←
+    False on rows whose logits hold inf or NaN (then nothing else is written).
+
+    Each row is shifted by m before the exponential (the softmax is the same for any shift: see
+    softmax._softmax_shifted_inplace). First by its target's own logit, m = z_y: then
+    Σ_j e^{z_j − m} holds e⁰ = 1, is ≥ 1, and needs no reduction over V to find m. Where that does
+    not fit (a logit ~88 above the target's overflows, or the logits hold inf or NaN), the block is
+    done again by the row maximum, which also reports non-finite logits.
+    """
+    r = np.arange(len(zs))
+    z_y = zs[r, ts][:, None]                             # (rows, 1)
+    total = _shifted_exp(zs, ps, z_y, ones_V)
+    if total.min() >= 1 and total.max() <= np.finfo(zs.dtype).max:    # NaN fails both
+        z_t = 0.0                                        # z_y − m = 0
+    else:
+        m = zs.max(axis=1, keepdims=True)                # (rows, 1)
+        finite[:] = np.isfinite(m[:, 0])
+        if not finite.all():
+            return                                       # reported by the caller, before anything is used
+        total = _shifted_exp(zs, ps, m, ones_V)
+        z_t = (z_y - m)[:, 0].astype(np.float64)         # z_y − m ≤ 0
+    nll[:] = np.log(total.astype(np.float64)) - z_t      # −log p_y = log Σ e^{z−m} − (z_y − m)
+    # (p − onehot)/N on valid rows, 0 elsewhere, with one pass over p: softmax's 1/Σ and the mean's
+    # valid/N form one per-row factor (the onehot entry, 1/Σ·e^{z_y−m} − 1, is rescaled the same way).
+    factor = (valid / (n * total.astype(np.float64))).astype(ps.dtype)       # (rows,)
+    ps[r, ts] -= total                                   # e^{z_y − m} − Σ: times factor gives (p_y − 1)/N
+    ps *= factor[:, None]
+
+
+def _shifted_exp(zs, ps, m, ones_V):
+    """ps = e^{zs − m} (rows, V); returns Σ over each row, one BLAS gemv."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        np.subtract(zs, m, out=ps)
+        np.exp(ps, out=ps)
+    return ps @ ones_V
