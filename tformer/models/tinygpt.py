@@ -149,6 +149,7 @@ class TinyGPT(Module):
         start = kv_caches[0].t if kv_caches else 0
         if start + T > self.max_len:
             raise ValueError(f"tokens: {start + T} positions exceed max_len = {self.max_len}")
+        index_range("tokens", tokens, 0, self.config["vocab_size"])   # the embedding does not check
         return start
 
     def _forward_whole(self, tokens, kv_caches=None, start=0):
@@ -209,7 +210,6 @@ class TinyGPT(Module):
         -> (B, 1, V)."""
         B = tokens.shape[0]
         W = self.wte.W
-        index_range("tokens", tokens, 0, W.shape[0])
         x = W[tokens[:, 0]]                                   # (B, C), a fresh gather
         x += self.wpe.W[start] if self.wpe is not None else self.pe[start]
         C = x.shape[1]

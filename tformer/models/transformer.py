@@ -17,7 +17,7 @@ checkpoint (which stores ``model.rng``'s state) resumes a run bit for bit.
 import numpy as np
 
 from .. import functional as F
-from .._validate import attention_mask, token_batch, upstream
+from .._validate import attention_mask, index_range, token_batch, upstream
 from ..attention import check_attention
 from ..blocks import PostNormBlock
 from ..layers import Dropout, Embedding, LayerNorm, Linear, Module, ModuleList, SinusoidalPositions
@@ -99,12 +99,13 @@ class Transformer(Module):
 
         Input checks, before any work (``tformer._validate``): ``tokens`` must be an integer array
         (B, T) with B ≥ 1 and 1 ≤ T ≤ max_len (``token_batch``; an empty batch has nothing to
-        predict), with ids in [0, V) (checked by the embedding); a given ``padding_mask`` must be
+        predict), with ids in [0, V); a given ``padding_mask`` must be
         boolean and broadcast to the scores (B, H, T, T) (``attention_mask``). Each failure is a
         ValueError or TypeError naming ``tokens`` or ``padding_mask``. A row of padding only gets
         zero attention outputs (every key masked), so finite logits, never NaN.
         """
         token_batch("tokens", tokens, self.max_len)
+        index_range("tokens", tokens, 0, self.vocab_size)          # the embedding does not check
         B, T = tokens.shape
         if padding_mask is not None:
             attention_mask("padding_mask", padding_mask, (B, self.config["n_heads"], T, T),
