@@ -2,8 +2,10 @@
 
 Convention: ``y, cache = name_forward(x, ...)`` and ``grads = name_backward(dy, cache)``, where
 ``grads`` holds one gradient per differentiable input, in the order of the forward's arguments
-(a single array when there is one). The losses return ``(loss, dprediction)``. Each kernel lives in
-its own file under ``tformer/kernels/``; this module only gathers them.
+(a single array when there is one). The losses return ``(loss, dprediction)``. Each kernel, the
+chapter's equation, lives in its own file under ``tformer/kernels/``; a function here checks its
+arguments once (the boundary) and then calls the faster version of the kernel in ``tformer/fast/``,
+which a test holds equal to it.
 """
 from . import _attention_checks as _attn_checks
 from .fast import attention as _fast_attention
