@@ -75,6 +75,47 @@ def check_attention_backward(dy, cache, out):
             _out(f"out[{i}] (d{n})", out[i], like.shape, like.dtype)
 
 
+def check_flash(q, k, v, mask, is_causal, out, block_q, block_k):
+    """``flash_attention_forward``'s arguments: as ``check_attention``, but ``is_causal`` may come
+    with a mask and needs only T_k ≥ T_q; the tile sizes positive integers."""
+    check_qkv(q, k, v)
+    if not isinstance(is_causal, (bool, np.bool_)):
+        raise TypeError(f"is_causal: expected True or False, got {is_causal!r}")
+    if is_causal and k.shape[-2] < q.shape[-2]:
+        raise ValueError(f"is_causal: needs T_k ≥ T_q (the queries are the last T_q positions), "
+                         f"got q {q.shape} and k {k.shape}")
+    scores = (*q.shape[:-1], k.shape[-2])                               # (..., T_q, T_k)
+    if mask is not None:
+        if not isinstance(mask, np.ndarray):
+            raise TypeError(f"mask: expected a boolean or float NumPy array, got {type(mask).__name__}")
+        try:
+            np.broadcast_shapes(mask.shape, scores)
+        except ValueError:
+            raise ValueError(f"mask: shape {mask.shape} does not broadcast to scores {scores}") from None
+        if mask.ndim > len(scores):
+            raise ValueError(f"mask: shape {mask.shape} has more axes than the scores {scores}")
+        if mask.dtype != bool and not np.issubdtype(mask.dtype, np.floating):
+            raise TypeError(f"mask: expected dtype bool or float, got {mask.dtype}")
+    for name, value in (("block_q", block_q), ("block_k", block_k)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))
+                                  or value < 1):
+            raise ValueError(f"{name}: expected a positive integer tile size, got {value!r}")
+    _out("out", out, (*q.shape[:-1], v.shape[-1]), q.dtype)
+
+
+def check_flash_backward(dy, cache, out):
+    """``flash_attention_backward``'s arguments: dy a float array shaped like y, ``out`` three
+    arrays like q, k, v."""
+    float_array("dy", dy, min_ndim=2)
+    if dy.shape != cache.y.shape:
+        raise ValueError(f"dy: expected shape {cache.y.shape}, got {dy.shape}")
+    if out is not None:
+        if len(out) != 3:
+            raise ValueError(f"out: expected three arrays (dq, dk, dv), got {len(out)}")
+        for i, (n, like) in enumerate(zip("qkv", (cache.q, cache.k, cache.v))):
+            _out(f"out[{i}] (d{n})", out[i], like.shape, like.dtype)
+
+
 def _out(name, out, shape, dtype):
     """``out`` checked against the shape and dtype it must have, or a new array."""
     if out is None:

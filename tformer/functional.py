@@ -10,7 +10,7 @@ which a test holds equal to it.
 from . import _attention_checks as _attn_checks
 from .fast import attention as _fast_attention
 from .kernels import attention as _attention
-from .kernels.flash_attention import flash_attention_backward, flash_attention_forward
+from .kernels import flash_attention as _flash
 from .fast import linear as _fast_linear
 from ._validate import float_array, same_dtype   # linear's checks
 import numpy as np
@@ -299,3 +299,21 @@ def _check_cross_entropy(logits, targets, ignore_index):
         raise ValueError(f"targets: expected shape {logits.shape[:-1]} (from logits {logits.shape}), "
                          f"got {targets.shape}")
     index_range("targets", targets, 0, logits.shape[-1], ignore=ignore_index)
+
+
+# --- the online softmax: the arguments checked once, then the kernel ------------------------------
+
+def flash_attention_forward(q, k, v, mask=None, scale=None, is_causal=False, out=None,
+                            block_q=None, block_k=None):
+    """Y = softmax(scale · Q Kᵀ + M) V by the online softmax
+    (``tformer.kernels.flash_attention.flash_attention_forward``), its arguments checked first.
+    Returns ``y, cache``."""
+    _attn_checks.check_flash(q, k, v, mask, is_causal, out, block_q, block_k)
+    return _flash.flash_attention_forward(q, k, v, mask, scale, is_causal, out, block_q, block_k)
+
+
+def flash_attention_backward(dy, cache, out=None):
+    """dQ, dK, dV of the online softmax (``tformer.kernels.flash_attention.flash_attention_backward``),
+    its arguments checked first; ``out=(dq, dk, dv)``: arrays to write into."""
+    _attn_checks.check_flash_backward(dy, cache, out)
+    return _flash.flash_attention_backward(dy, cache, out)

@@ -26,7 +26,7 @@ import numpy as np
 
 from .. import parallel
 from .._dtypes import compute_dtype, matmul
-from ..kernels._grouped_heads import _grouped, _items, _matmul_sum, _rows_of, _split_axis
+from ..kernels._grouped_heads import _grouped, _items, _matmul_sum, _rows_of, _split_axis, group_size
 from .softmax import _softmax_backward_inplace, _softmax_inplace, _softmax_shifted_inplace
 
 _TILE = 64
@@ -80,13 +80,6 @@ def attention_forward(q, k, v, mask=None, scale=None, is_causal=False, out=None)
 
 def _causal_mask(T):
     return np.tril(np.ones((T, T), dtype=bool))
-
-
-def group_size(q, k):
-    """G = H / H_kv, the query heads per key/value head (1 when q and k have the same leading axes)."""
-    if q.shape[:-2] == k.shape[:-2]:
-        return 1
-    return q.shape[-3] // k.shape[-3]
 
 
 

@@ -10,6 +10,13 @@ from .. import parallel
 from .._dtypes import matmul
 
 
+def group_size(q, k):
+    """G = H / H_kv, the query heads per key/value head (1 when q and k have the same leading axes)."""
+    if q.shape[:-2] == k.shape[:-2]:
+        return 1
+    return q.shape[-3] // k.shape[-3]
+
+
 def _group(a, G):
     """(..., H, T, ·) -> (..., H/G, G, T, ·): the head axis split in two, always a view (never a copy,
     so that results written into it land in ``a``)."""

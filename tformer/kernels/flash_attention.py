@@ -27,9 +27,7 @@ import numpy as np
 
 from .. import parallel
 from .._dtypes import compute_dtype
-from .._validate import float_array
-from .._attention_checks import _group_size, _out, check_qkv
-from ._grouped_heads import _grouped, _matmul_sum, _split_axis
+from ._grouped_heads import _grouped, _matmul_sum, _split_axis, group_size
 
 #: Query tile size (rows of Q per step). BLOCK_Q × BLOCK_K was chosen from the 5 × 5 pairs of
 #: 32 … 512 measured by ``python -m tformer online-softmax --parts tiles`` (book/data/
@@ -80,9 +78,9 @@ def flash_attention_forward(q, k, v, mask=None, scale=None, is_causal=False, out
     ``m: (..., T_q)`` and its sum ``ℓ = Σ_j e^(s_j − m): (..., T_q)`` (ℓ = 0 for a row with no
     visible key): P = e^(S − m) / ℓ, the terms of the log-sum-exp L = m + log ℓ kept apart.
     """
-    G, scale, blocked, additive = _check(q, k, v, mask, scale, is_causal)
-    bq, bk = _block("block_q", block_q, BLOCK_Q), _block("block_k", block_k, BLOCK_K)
-    y = _out("out", out, (*q.shape[:-1], v.shape[-1]), q.dtype)
+    G, scale, blocked, additive = _prepare(q, k, mask, scale)
+    bq, bk = BLOCK_Q if block_q is None else int(block_q), BLOCK_K if block_k is None else int(block_k)
+    y = np.empty((*q.shape[:-1], v.shape[-1]), q.dtype) if out is None else out
     cd = compute_dtype(q.dtype)                 # the tiles' format: float32 for float16/bfloat16
     m_all = np.empty(q.shape[:-1], cd)                                  # (..., T_q): row max m
     ell_all = np.empty(q.shape[:-1], cd)                                # (..., T_q): ℓ = Σ e^(s − m)
@@ -195,14 +193,8 @@ def flash_attention_backward(dy, cache, out=None):
     ``out=(dq, dk, dv)``: arrays or views to write into, as ``attention_backward``.
     """
     q, k, v, y, m_all, ell_all, scale, blocked, additive, is_causal, bq, bk = cache
-    float_array("dy", dy, min_ndim=2)
-    if dy.shape != y.shape:
-        raise ValueError(f"dy: expected shape {y.shape}, got {dy.shape}")
-    if out is not None and len(out) != 3:
-        raise ValueError(f"out: expected three arrays (dq, dk, dv), got {len(out)}")
-    dq, dk, dv = (_out(f"out[{i}] (d{n})", None if out is None else out[i], like.shape, like.dtype)
-                  for i, (n, like) in enumerate(zip("qkv", (q, k, v))))
-    G = _group_size(q, k, v)
+    dq, dk, dv = tuple(np.empty(a.shape, a.dtype) for a in (q, k, v)) if out is None else out
+    G = group_size(q, k)
     T_q, T_k = q.shape[-2], k.shape[-2]
     cd = m_all.dtype                            # the tiles' format: float32 for float16/bfloat16
     Dlt = np.vecdot(dy.astype(cd, copy=False), y.astype(cd, copy=False))[..., None]   # D = rowsum(dY ⊙ Y)
@@ -287,33 +279,18 @@ def _up(a, buf):
     return view
 
 
-def _check(q, k, v, mask, scale, is_causal):
-    """The inputs checked as ``attention_forward`` checks them; returns (G, scale, blocked, additive),
-    the mask split into a boolean "blocked" or an additive float array (each broadcast to the
-    scores' shape as a view, or None)."""
-    G = check_qkv(q, k, v)
-    if not isinstance(is_causal, (bool, np.bool_)):
-        raise TypeError(f"is_causal: expected True or False, got {is_causal!r}")
-    if is_causal and k.shape[-2] < q.shape[-2]:
-        raise ValueError(f"is_causal: needs T_k ≥ T_q (the queries are the last T_q positions), "
-                         f"got q {q.shape} and k {k.shape}")
+def _prepare(q, k, mask, scale):
+    """(G, scale, blocked, additive): the query heads per key/value head, the scale (1/√D unless
+    given), and the mask split into a boolean "blocked" or an additive float array (each broadcast
+    to the scores' shape as a view, or None). The arguments were checked by ``tformer.functional``."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     scores = (*q.shape[:-1], k.shape[-2])                               # (..., T_q, T_k)
     if mask is None:
-        return G, scale, None, None
-    if not isinstance(mask, np.ndarray):
-        raise TypeError(f"mask: expected a boolean or float NumPy array, got {type(mask).__name__}")
-    try:
-        np.broadcast_shapes(mask.shape, scores)
-    except ValueError:
-        raise ValueError(f"mask: shape {mask.shape} does not broadcast to scores {scores}") from None
-    if mask.ndim > len(scores):
-        raise ValueError(f"mask: shape {mask.shape} has more axes than the scores {scores}")
+        return group_size(q, k), scale, None, None
     if mask.dtype == bool:
-        return G, scale, np.broadcast_to(~mask, scores), None
-    if np.issubdtype(mask.dtype, np.floating):
-        return G, scale, None, np.broadcast_to(mask.astype(compute_dtype(q.dtype), copy=False), scores)
-    raise TypeError(f"mask: expected dtype bool or float, got {mask.dtype}")
+        return group_size(q, k), scale, np.broadcast_to(~mask, scores), None
+    return (group_size(q, k), scale, None,
+            np.broadcast_to(mask.astype(compute_dtype(q.dtype), copy=False), scores))
 
 
 def _batched(*arrays):
@@ -322,14 +299,6 @@ def _batched(*arrays):
     if arrays[0].ndim >= 3:
         return arrays
     return tuple(None if a is None else a[None] for a in arrays)
-
-
-def _block(name, value, default):
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name}: expected a positive integer tile size, got {value!r}")
-    return int(value)
 
 
 def _ranges(n, size):
