@@ -8,11 +8,19 @@ Every variant the five sources use is this one class with different switches:
 | 003 encoder, 002 Transformer | H | W_q, W_k, W_v, W_o | yes | 1/√D | padding (002), causal (002) |
 | 004 TinyGPT | 1 or H | fused W_qkv, W_proj | yes | 1/√D | causal |
 
-The modern block (chapter 25) adds two switches: ``n_kv_heads`` (grouped-query attention: H query
-heads share H_kv key/value heads, so W_k, W_v and the KV cache shrink by H/H_kv) and ``rope``
-(rotary position embedding of q and k, at positions that continue after those in the KV cache).
-Chapter 24 adds ``attention="flash"``: the same attention computed by the online softmax
-(``F.flash_attention_forward``), which never stores the (B, H, T, T_k) probabilities.
+``forward`` and ``backward`` read as the multi-head equations; what later chapters add sits in
+methods of its own, listed where it is taught:
+
+- The modern block: ``n_kv_heads`` (grouped-query attention: H query heads share H_kv key/value
+  heads, so W_k, W_v and the KV cache shrink by H/H_kv; ``_split_heads``) and ``rope`` (rotary
+  position embedding of q and k, at positions that continue after those in the KV cache;
+  ``_rotate``, ``_rotate_backward``).
+- Performance: the kernel for each call (causal tiles, one-token decoding; ``_kernel``), the heads
+  written straight into a (B, T, C) array (``_attend``, ``_attend_backward``) and the fused
+  projection's gradient written in place (``_fused_backward``), by ``tformer.fast.attention``.
+- The online softmax: ``attention="flash"``, the same attention computed without storing the
+  (B, H, T, T_k) probabilities (``F.flash_attention_forward``).
+- The KV cache of sampling: ``KVCache``, ``new_cache``.
 """
 import numpy as np
 
@@ -26,8 +34,8 @@ ATTENTION_KERNELS = ("plain", "flash")
 
 
 def check_attention(attention):
-    """``attention`` is one of ``ATTENTION_KERNELS``: ``"plain"`` (P stored, chapter 5) or ``"flash"``
-    (the online softmax, chapter 24); returns it."""
+    """``attention`` is one of ``ATTENTION_KERNELS``: ``"plain"`` (P stored) or ``"flash"`` (the
+    online softmax); returns it."""
     if not isinstance(attention, str) or attention not in ATTENTION_KERNELS:
         raise ValueError(f"attention: expected one of {list(ATTENTION_KERNELS)}, got {attention!r}")
     return attention
@@ -60,7 +68,7 @@ class MultiHeadAttention(Module):
     """Y = Concat(head_1, …, head_H) W_o + b_o,  head_h = softmax(Q_h K_hᵀ · scale + M) V_h.
 
     ``x: (B, T, C)`` -> ``(B, T, C)``, ``H = n_heads``, ``D = C / H``. With ``fused_qkv`` the three
-    projections are one ``W_qkv: (C, 3C)`` (seed 004), otherwise ``W_q, W_k, W_v: (C, C)``.
+    projections are one ``W_qkv: (C, 3C)`` (TinyGPT's), otherwise ``W_q, W_k, W_v: (C, C)``.
     ``scale`` defaults to 1/√D. ``causal=True`` adds the causal mask; ``forward(x, mask)`` takes an
     extra boolean or additive mask broadcastable to ``(B, H, T, T)`` (e.g. a padding mask).
     ``n_kv_heads`` (default H): grouped-query attention, query head h reads key/value head
