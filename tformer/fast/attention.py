@@ -55,10 +55,7 @@ def attention_forward(q, k, v, mask=None, scale=None, is_causal=False, out=None)
     if is_causal:
         mask = _causal_mask(q.shape[-2])                 # a single (T, D) sequence: the plain path
     S = np.empty((*q.shape[:-1], k.shape[-2]), q.dtype)  # (..., T_q, T_k): scores, then P in place
-    blocked = None if mask is None or mask.dtype != bool else ~mask
-    additive = None if mask is None or mask.dtype == bool else mask.astype(S.dtype, copy=False)
-    if G > 1:                      # the mask, broadcast to S's shape (a view), grouped like S
-        blocked, additive = (None if m is None else np.broadcast_to(m, S.shape) for m in (blocked, additive))
+    blocked, additive = _mask_parts(mask, S, G)
     qg, kg, vg, Sg, yg, blocked, additive = _grouped(G, q, k, v, S, y, blocked, additive)
 
     def seqs(lo, hi):
@@ -76,6 +73,17 @@ def attention_forward(q, k, v, mask=None, scale=None, is_causal=False, out=None)
 
     parallel.parallel_for(seqs, *_split_axis(qg))
     return y, AttentionCache(q, k, v, S, scale, None)
+
+
+def _mask_parts(mask, S, G):
+    """The mask as (blocked, additive): a boolean mask's blocked entries ~M, or a float mask in S's
+    dtype (the other None); with grouped heads (G > 1) broadcast to S's shape (a view), to be
+    grouped like S."""
+    blocked = None if mask is None or mask.dtype != bool else ~mask
+    additive = None if mask is None or mask.dtype == bool else mask.astype(S.dtype, copy=False)
+    if G > 1:
+        blocked, additive = (None if m is None else np.broadcast_to(m, S.shape) for m in (blocked, additive))
+    return blocked, additive
 
 
 def _causal_mask(T):
