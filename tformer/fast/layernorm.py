@@ -69,21 +69,24 @@ def layernorm_backward(dy, cache):
     xhat, dx = parallel.scratch("layernorm_xhat", x2.shape, x2.dtype), np.empty_like(x2)
     ones_C = np.full(C, 1.0 / C, x.dtype)
 
-    def rows(lo, hi):
-        xh, g, r = xhat[lo:hi], dx[lo:hi], rstd2[lo:hi]
-        np.subtract(x2[lo:hi], mu2[lo:hi], out=xh)
-        xh *= r                                            # x̂, recomputed, not stored
-        np.multiply(dy2[lo:hi], gamma, out=g)              # g = γ ⊙ dy
-        mean_g = (g @ ones_C)[:, None]                     # (rows, 1)
-        mean_gx = np.vecdot(g, xh)[:, None]
-        mean_gx /= C
-        g -= mean_g
-        g -= np.multiply(xh, mean_gx, out=parallel.scratch("layernorm_t", xh.shape, xh.dtype))
-        g *= r                                             # dx, written over g
-
-    parallel.parallel_for(rows, N, grain=parallel.grain_for(C))
+    parallel.parallel_for(lambda lo, hi: _dx_rows(x2[lo:hi], dy2[lo:hi], mu2[lo:hi], rstd2[lo:hi], gamma,
+                                                  ones_C, xhat[lo:hi], dx[lo:hi]),
+                          N, grain=parallel.grain_for(C))
     # dγ and dβ sum over all N rows: each is one whole reduction (never split into partial sums).
     dgamma, dbeta = parallel.run_tasks(
         lambda: np.einsum("nc,nc->c", dy2, xhat),
         lambda: np.ones(N, dy.dtype) @ dy2)              # Σ over rows as one vector-matrix product
     return dx.reshape(x.shape), dgamma, dbeta
+
+
+def _dx_rows(x, dy, mu, r, gamma, ones_C, xh, g):
+    """One block of rows: ``xh`` ← x̂ (recomputed, not stored), ``g`` ← dx = r (g − mean(g) − x̂ mean(g x̂))."""
+    np.subtract(x, mu, out=xh)
+    xh *= r                                                # x̂
+    np.multiply(dy, gamma, out=g)                          # g = γ ⊙ dy
+    mean_g = (g @ ones_C)[:, None]                         # (rows, 1)
+    mean_gx = np.vecdot(g, xh)[:, None]
+    mean_gx /= x.shape[1]
+    g -= mean_g
+    g -= np.multiply(xh, mean_gx, out=parallel.scratch("layernorm_t", xh.shape, xh.dtype))
+    g *= r                                                 # dx, written over g

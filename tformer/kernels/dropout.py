@@ -1,5 +1,4 @@
 """Inverted dropout kernel."""
-import numpy as np
 
 
 def dropout_forward(x, p, rng=None, training=True):
