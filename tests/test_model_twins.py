@@ -6,7 +6,7 @@ training runs; here each twin is held equal to the listed pass directly."""
 import numpy as np
 import pytest
 
-from tformer.blocks import SEED_004_PARTS, PostNormGPTBlock, PreNormBlock, modern_parts
+from tformer.blocks import TINYGPT_PARTS, PostNormGPTBlock, PreNormBlock, modern_parts
 from tformer.models.tinygpt import TinyGPT
 from tformer.models.transformer import Transformer
 
@@ -74,7 +74,7 @@ def test_modern_parts_with_defaults_build_seed_004s_block(Block):
     parameters from the same seed, the same output."""
     a = Block(8, 2, 16, dtype=np.float64, seed=4)
     b = Block(8, 2, 16, dtype=np.float64, seed=4, parts=modern_parts())
-    c = Block(8, 2, 16, dtype=np.float64, seed=4, parts=SEED_004_PARTS)
+    c = Block(8, 2, 16, dtype=np.float64, seed=4, parts=TINYGPT_PARTS)
     for m in (b, c):
         assert [type(x) for x in m._modules()] == [type(x) for x in a._modules()]
         for (n0, p0, _), (n1, p1, _) in zip(a.named_parameters(), m.named_parameters()):

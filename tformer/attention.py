@@ -1,12 +1,13 @@
 """Multi-head self-attention as a module, and the key/value cache used for generation.
 
-Every variant the five sources use is this one class with different switches:
+Every variant the five systems use is this one class with different switches:
 
-| source | heads | projections | biases | scale | mask |
+| system | heads | projections | biases | scale | mask |
 | --- | --- | --- | --- | --- | --- |
-| 001 attention layer, 000 two-layer | 1 | W_q, W_k, W_v, W_o | no | 1/√d_model | none |
-| 003 encoder, 002 Transformer | H | W_q, W_k, W_v, W_o | yes | 1/√D | padding (002), causal (002) |
-| 004 TinyGPT | 1 or H | fused W_qkv, W_proj | yes | 1/√D | causal |
+| the single attention layer, the two-layer transformer | 1 | W_q, W_k, W_v, W_o | no | 1/√d_model | none |
+| the post-LN encoder | H | W_q, W_k, W_v, W_o | yes | 1/√D | none (a padding mask may be given) |
+| the complete Transformer | H | W_q, W_k, W_v, W_o | yes | 1/√D | causal and padding |
+| TinyGPT | 1 or H | fused W_qkv, W_proj | yes | 1/√D | causal |
 
 ``forward`` and ``backward`` read as the multi-head equations; what later chapters add sits in
 methods of its own, listed where it is taught:

@@ -1,11 +1,14 @@
 """Transformer blocks: the three residual wirings the sources use.
 
-- ``ResidualBlock`` (seed 000): X̃ = X + MHA(X),  Y = X̃ + FFN(X̃);  no normalisation.
-- ``PostNormBlock`` (seeds 002, 003): Z = LN(X + MHA(X)),  O = LN(Z + FFN(Z)).
-- ``PreNormBlock`` (seed 004): X ← X + MHA(LN(X)),  X ← X + FFN(LN(X)).
-- ``PostNormGPTBlock`` (chapter 26): seed 004's block with the norms moved after the residual
-  sums, X ← LN(X + MHA(X)),  X ← LN(X + FFN(X)): the post-norm wiring of 002/003 with every
-  option of the modern block and the KV cache.
+- ``ResidualBlock`` (the two-layer transformer): X̃ = X + MHA(X),  Y = X̃ + FFN(X̃);
+  no normalisation.
+- ``PostNormBlock`` (the complete Transformer, the post-LN encoder): Z = LN(X + MHA(X)),
+  O = LN(Z + FFN(Z)).
+- ``PreNormBlock`` (TinyGPT): X ← X + MHA(LN(X)),  X ← X + FFN(LN(X)).
+- ``PostNormGPTBlock`` ("Ablating the modern block"): TinyGPT's block with the norms moved after
+  the residual sums, X ← LN(X + MHA(X)),  X ← LN(X + FFN(X)): the post-norm wiring of the
+  complete Transformer and the post-LN encoder, with every option of the modern block and the
+  KV cache.
 
 Shapes: ``x: (B, T, C)`` -> ``(B, T, C)``. Each residual sum sends its gradient down both paths,
 so every backward adds the branch's input gradient to the skip connection's.
@@ -27,7 +30,7 @@ class BlockParts(NamedTuple):
     ffn: Callable
 
 
-SEED_004_PARTS = BlockParts(LayerNorm, MultiHeadAttention, FeedForward)
+TINYGPT_PARTS = BlockParts(LayerNorm, MultiHeadAttention, FeedForward)
 
 
 def modern_parts(norm="layernorm", n_kv_heads=None, rope=False, attention="plain"):
@@ -49,7 +52,8 @@ def modern_parts(norm="layernorm", n_kv_heads=None, rope=False, attention="plain
 
 
 class ResidualBlock(Module):
-    """X̃ = X + MHA(X),  Y = X̃ + FFN(X̃)  (seed 000: single head, swish, no biases, no LayerNorm)."""
+    """X̃ = X + MHA(X),  Y = X̃ + FFN(X̃)  (the two-layer transformer: single head,
+    swish, no biases, no LayerNorm)."""
 
     def __init__(self, d_model, n_heads=1, d_ff=None, activation="swish", bias=False, rng=None,
                  dtype=np.float32, seed=0):
@@ -68,9 +72,11 @@ class ResidualBlock(Module):
 
 
 class PostNormBlock(Module):
-    """Z = LN(X + Drop(MHA(X))),  O = LN(Z + Drop(FFN(Z)))  (seeds 002 and 003).
+    """Z = LN(X + Drop(MHA(X))),  O = LN(Z + Drop(FFN(Z)))  (the complete Transformer, the
+    post-LN encoder).
 
-    ``attention="flash"``: the online-softmax kernel (chapter 24) instead of the plain one."""
+    ``attention="flash"``: the online-softmax kernel ("Attention that never stores T × T") instead
+    of the plain one."""
 
     def __init__(self, d_model, n_heads, d_ff, dropout=0.0, activation="relu", bias=True,
                  causal=False, rng=None, dtype=np.float32, eps=1e-5, seed=0, attention="plain"):
@@ -96,9 +102,9 @@ class PostNormBlock(Module):
 
 
 class PreNormBlock(Module):
-    """X ← X + MHA(LN(X)),  X ← X + FFN(LN(X))  (seed 004: causal, fused W_qkv, GELU MLP, biases).
+    """X ← X + MHA(LN(X)),  X ← X + FFN(LN(X))  (TinyGPT: causal, fused W_qkv, GELU MLP, biases).
 
-    ``parts``: the classes of its norms, attention and feed-forward network, by default seed 004's
+    ``parts``: the classes of its norms, attention and feed-forward network, by default TinyGPT's
     (``LayerNorm``, ``MultiHeadAttention``, ``FeedForward``); ``modern_parts(...)`` gives those
     of the modern block (RMSNorm, grouped-query attention, RoPE, SwiGLU, the online softmax).
     """
@@ -108,7 +114,7 @@ class PreNormBlock(Module):
                  seed=0, parts=None):
         super().__init__()
         rng = _rng(rng, seed)
-        norm, attention, ffn = parts or SEED_004_PARTS
+        norm, attention, ffn = parts or TINYGPT_PARTS
         self.ln1 = norm(d_model, eps, dtype)
         self.attn = attention(d_model, n_heads, bias=bias, fused_qkv=fused_qkv, causal=causal,
                               rng=rng, dtype=dtype, init_std=init_std)

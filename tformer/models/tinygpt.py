@@ -1,11 +1,12 @@
-"""Seed 004: TinyGPT, a byte-level decoder-only Transformer (pre-norm, causal, fused W_qkv, GELU).
+"""TinyGPT, a byte-level decoder-only Transformer (pre-norm, causal, fused W_qkv, GELU).
 
     X = W_te[tokens] + W_pe[:T]                      (B, T, C)
     X ← X + Attn(LN(X));  X ← X + MLP(LN(X))         n_layers times
     Z = LN(X) W_lm + b_lm                            (B, T, V)
 
-The seed's attention is single-head "for now"; ``n_heads > 1`` gives the multi-head version.
-The keywords of the modern block (chapter 25) change one piece each; their defaults are the seed's.
+The C++ program it reproduces has single-head attention "for now"; ``n_heads > 1`` gives the
+multi-head version. The keywords of the modern block (the chapter "The modern block") change one
+piece each; their defaults are TinyGPT's.
 """
 import numpy as np
 
@@ -27,12 +28,13 @@ NORM_POSITIONS = {"pre": PreNormBlock, "post": PostNormGPTBlock}
 class TinyGPT(Module):
     """logits = TinyGPT(tokens): ``tokens: (B, T)`` ints in [0, 256) -> ``logits: (B, T, V)``.
 
-    The modern block, one keyword per piece (each default is seed 004's):
+    The modern block, one keyword per piece (each default is TinyGPT's):
 
     - ``norm``: ``"layernorm"`` or ``"rmsnorm"`` (every norm: both of each block and the final one;
       ε = 1e-5 for both kinds, so that only the normalisation changes).
-    - ``positions``: ``"learned"`` (W_pe), ``"sinusoidal"`` (the fixed table of seeds 002/003, added
-      to the embeddings) or ``"rope"`` (no table: q and k are rotated in every attention layer).
+    - ``positions``: ``"learned"`` (W_pe), ``"sinusoidal"`` (the fixed table of the complete
+      Transformer and the post-LN encoder, added to the embeddings) or ``"rope"`` (no table: q and
+      k are rotated in every attention layer).
     - ``mlp``: ``"gelu"``, ``"relu"`` or ``"swiglu"``. The hidden width is ``d_ff`` (default 4C) for
       all three. SwiGLU has three C × d_ff matrices instead of two: to compare at the same
       parameter budget pass ``d_ff=swiglu_hidden(4 * d_model)``, i.e. 2/3 · 4C
@@ -41,17 +43,20 @@ class TinyGPT(Module):
     - ``tie_embeddings``: the LM head's weight is W_teᵀ (``TiedLinear``, keeping its bias b_lm);
       W_te's gradient then sums its two uses.
 
-    ``norm_position``: ``"pre"`` (seed 004: X ← X + f(N(X))) or ``"post"`` (seeds 002/003:
-    X ← N(X + f(X)), ``PostNormGPTBlock``; the final norm stays, so the parameters are the same
-    arrays from the same seed). Chapter 26 compares the two at a high learning rate.
+    ``norm_position``: ``"pre"`` (TinyGPT: X ← X + f(N(X))) or ``"post"`` (the complete Transformer
+    and the post-LN encoder: X ← N(X + f(X)), ``PostNormGPTBlock``; the final norm stays, so the
+    parameters are the same arrays from the same seed). "Ablating the modern block" compares the
+    two at a high learning rate.
 
-    ``attention``: ``"plain"`` (the kernel of chapter 5, which stores the (B, H, T, T)
-    probabilities) or ``"flash"`` (the online softmax of chapter 24: the same model and the same
-    results up to rounding, in O(T) memory per head instead of O(T²)).
+    ``attention``: ``"plain"`` (the kernel of "Scaled dot-product attention", which stores the
+    (B, H, T, T) probabilities) or ``"flash"`` (the online softmax of "Attention that never stores
+    T × T": the same model and the same results up to rounding, in O(T) memory per head instead
+    of O(T²)).
 
     ``gradient_checkpointing=True``: in training, each segment of ``blocks_per_segment`` blocks keeps
     only its input and recomputes its forward pass during the backward (``tformer.scaling.recompute``,
-    chapter 21): the same gradients bit for bit, less memory, one more forward pass of the blocks.
+    "Fitting in memory"): the same gradients bit for bit, less memory, one more forward pass of
+    the blocks.
 
     Everything is kept in ``model.config`` (and so in checkpoints), with ``d_ff`` and
     ``n_kv_heads`` resolved to numbers.
@@ -100,7 +105,7 @@ class TinyGPT(Module):
                            else None)
         self._recomputed = False           # did the last forward pass go through _recompute?
         self._replicas = Replicas(self)    # training with threads: the batch cut across them
-        # The lean one-token step (tformer.fast.decode) is seed 004's block only.
+        # The lean one-token step (tformer.fast.decode) is TinyGPT's default block only.
         self._lean = (norm == "layernorm" and positions != "rope" and mlp == "gelu"
                       and n_kv_heads == n_heads and attention == "plain"
                       and norm_position == "pre" and not tie_embeddings)
@@ -197,8 +202,8 @@ class TinyGPT(Module):
     lean_decode = True   # False: every step through the general layers (tests compare)
 
     def _lean_step(self, B):
-        """Can one new token per sequence go through ``fast.decode`` (seed 004's block, in
-        inference, in float32/float64, at a size it does not split across threads)?"""
+        """Can one new token per sequence go through ``fast.decode`` (TinyGPT's default block,
+        in inference, in float32/float64, at a size it does not split across threads)?"""
         cfg = self.config
         return (self._lean and self.lean_decode and not self.training
                 and self.wte.W.dtype in decode.DTYPES
@@ -243,7 +248,8 @@ class TinyGPT(Module):
         dx = self.ln_f.backward(self.lm_head.backward(dlogits))        # (B, T, C)
         for block in reversed(self.blocks._items):
             dx = block.backward(dx)                                    # (B, T, C)
-        self.wte.backward(dx)                  # tied: adds to the LM head's share of dW_te
+        # dW_te += the scatter-add of dX (tied: added to the head's (HᵀdZ)ᵀ, already in dW_te)
+        self.wte.backward(dx)
         if self.wpe is not None:
             start, T = self._positions
             self.wpe.grads["W"][start:start + T] += dx.sum(axis=0)     # Σ_b dX[b], (T, C)

@@ -1,4 +1,4 @@
-"""Seed 002: the "complete" Transformer of the guide, a decoder-only language model (post-norm, ReLU).
+"""The complete Transformer of the guide, a decoder-only language model (post-norm, ReLU).
 
     X⁰ = Drop(E[tokens] · √C + PE[:T])               (B, T, C)   embedding, sinusoidal positions
     Z  = LN(X + Drop(MHA(X; M)))                      (B, T, C)   } one post-norm block,
@@ -42,8 +42,9 @@ class Transformer(Module):
     n_layers=6, d_ff=2048, max_len=5000, dropout=0.1)``. ``pad_idx`` is the padding token (its
     keys are masked out; ``None`` for no padding mask). Children: ``embed``, ``pos``, ``drop``,
     ``blocks`` (``PostNormBlock(causal=True)``), ``ln_f``, ``proj``. ``attention="flash"``: every
-    block computes its attention by the online softmax (chapter 24), the padding mask read tile by
-    tile instead of combined with the causal mask into a (B, 1, T, T) array.
+    block computes its attention by the online softmax ("Attention that never stores T × T"), the
+    padding mask read tile by tile instead of combined with the causal mask into a (B, 1, T, T)
+    array.
     """
 
     def __init__(self, vocab_size, d_model=512, n_heads=8, n_layers=6, d_ff=2048, max_len=5000,
@@ -119,7 +120,7 @@ class Transformer(Module):
         return logits
 
     def _forward_whole(self, tokens, padding_mask):
-        """The model of seed 002: tokens (B, T) -> logits (B, T, V).
+        """The complete Transformer: tokens (B, T) -> logits (B, T, V).
 
             X⁰ = Drop(E[tokens] · √C + PE[:T]),  X ← block(X; M) n_layers times,
             logits = LN_f(X) W_out + b_out
