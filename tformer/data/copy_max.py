@@ -82,8 +82,9 @@ def nearest_row_accuracy(y, candidates, correct):
 
 
 def half_sum_loss(model, batch):
-    """The seeds' objective, as ``tformer.train.train`` wants it: ``(L, ∂L/∂Y)`` with
-    L = ½‖Y − Y_true‖² summed over the batch and ∂L/∂Y = Y − Y_true, for ``batch = (x, y_true)``."""
+    """The objective of the single attention layer and the two-layer transformer, as
+    ``tformer.train.train`` wants it: ``(L, ∂L/∂Y)`` with L = ½‖Y − Y_true‖² summed over the batch
+    and ∂L/∂Y = Y − Y_true, for ``batch = (x, y_true)``."""
     x, y_true = batch[0], batch[1]
     return F.mse_loss(model.forward(x), y_true, reduction="half_sum")
 

@@ -1,12 +1,12 @@
 """The post-LN encoder's reconstruction task: a fixed set of sequences X that the encoder must give back.
 
-The seed states the task (Ŷ ≈ X under the mean squared error) but not its data; this is the data
+The source states the task (Ŷ ≈ X under the mean squared error) but not its data; this is the data
 the book chooses, drawn once from ``seed`` and then kept fixed:
 
     E ∈ R^{V×d}: rows drawn from N(0, I_d), then standardised (mean 0, variance 1 per row)
     s ∈ {0..V−1}^{N×T}: token ids drawn uniformly;    X[n, t] = E[s[n, t]]      (N, T, d)
 
-Defaults: V = 65 symbols and T = 16 positions (the sizes of the seed's linked script),
+Defaults: V = 65 symbols and T = 16 positions (the sizes of the script its source links),
 d = 64, N = 256 training sequences, a held-out set of 64 more sequences drawn from the same
 table, mini-batches of 32. One **epoch** is one pass over the N training sequences in
 ⌈N / batch_size⌉ mini-batches, in an order shuffled afresh each epoch.
@@ -47,7 +47,7 @@ class ReconstructionData:
                            d_model=int(d_model), vocab_size=int(vocab_size), batch_size=int(batch_size),
                            seed=int(seed), dtype=np.dtype(dtype).name)
         self.seed, self.batch_size = int(seed), int(batch_size)
-        rng = np.random.default_rng([self.seed, 3])                         # 3: the seed number
+        rng = np.random.default_rng([self.seed, 3])                         # 3: this task's stream
         self.table = standardize_rows(rng.standard_normal((vocab_size, d_model))).astype(dtype)   # (V, d)
         self.train_tokens = rng.integers(0, vocab_size, (n_train, seq_len))  # (N, T)
         self.test_tokens = rng.integers(0, vocab_size, (n_test, seq_len))    # (N_test, T)
@@ -72,7 +72,7 @@ class ReconstructionData:
 
 
 def forward_loss(model, x):
-    """L = ‖model(X) − X‖² / (B·T·d),  ∂L/∂Ŷ = 2(Ŷ − X)/(B·T·d): the seed's loss.
+    """L = ‖model(X) − X‖² / (B·T·d),  ∂L/∂Ŷ = 2(Ŷ − X)/(B·T·d): the source's loss.
 
     The ``forward_loss(model, batch) -> (loss, dout)`` that ``tformer.train.train`` expects.
     """
@@ -93,6 +93,6 @@ def mse(model, X, batch_size=256):
 
 
 def per_token_error(model, X):
-    """‖Ŷ[n, t] − X[n, t]‖₂ for every token: ``(N, T)`` (the seed's "per-token embedding error")."""
+    """‖Ŷ[n, t] − X[n, t]‖₂ for every token: ``(N, T)`` (the source's "per-token embedding error")."""
     diff = model.forward(X) - X
     return np.sqrt(np.einsum("ntd,ntd->nt", diff, diff))

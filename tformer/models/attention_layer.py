@@ -1,4 +1,4 @@
-"""Seed 001: one self-attention layer, no biases, no residual.
+"""The single attention layer: one self-attention layer, no biases, no residual.
 
     Q = X W_q,  K = X W_k,  V = X W_v                 (B, T, d)
     A = softmax(Q Kᵀ / √d_model)                      (B, T, T)
@@ -6,7 +6,7 @@
 
 trained with L = ½‖Y − Y_true‖² (so ∂L/∂Y = Y − Y_true) and AdamW with ε inside the square root.
 The layer is ``tformer.attention.MultiHeadAttention`` with one head and no biases: with H = 1 the
-head size is D = d_model, so its default scale 1/√D is the seed's 1/√d_model.
+head size is D = d_model, so its default scale 1/√D is its source's 1/√d_model.
 """
 import numpy as np
 
@@ -14,7 +14,7 @@ from .._validate import sequences, upstream
 from ..attention import MultiHeadAttention
 from ..layers import Module
 
-# the seed's symbols -> qualified parameter names of ``named_parameters()``
+# the source's symbols -> qualified parameter names of ``named_parameters()``
 SYMBOLS = {"W_q": "attn.q.W", "W_k": "attn.k.W", "W_v": "attn.v.W", "W_o": "attn.o.W"}
 
 
@@ -43,7 +43,7 @@ class AttentionLayer(Module):
                                        init_std=init_std)
         self._out = None                   # (shape, dtype) of the last forward output
 
-    # the seed's names for the four matrices (views of the parameters, not copies)
+    # the source's names for the four matrices (views of the parameters, not copies)
     W_q = property(lambda self: self.attn.q.W)
     W_k = property(lambda self: self.attn.k.W)
     W_v = property(lambda self: self.attn.v.W)

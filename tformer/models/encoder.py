@@ -1,11 +1,11 @@
-"""Seed 003: the post-LN Transformer encoder of the NumPy reconstruction experiment.
+"""The post-LN encoder: a Transformer encoder trained to reconstruct its input, in NumPy.
 
     H_0 = X + PE[:T]                                   (B, T, d)   fixed sinusoidal table, no parameters
     Z_l = LN(H_{l-1} + MHA(H_{l-1}))                   (B, T, d)   multi-head, biases on W^Q, W^K, W^V, W^O
     H_l = LN(Z_l + FFN(Z_l)),  FFN(z) = max(0, z W_1 + b_1) W_2 + b_2          l = 1 .. n_layers
     Ŷ = O = H_{n_layers}                               (B, T, d)
 
-The seed's encoder output is O of the last block: no LayerNorm or projection follows it. Its input
+Its source's encoder output is O of the last block: no LayerNorm or projection follows it. Its input
 is already a float tensor X (no embedding), and the reconstruction task asks for Ŷ ≈ X under the
 mean squared error ``L = ‖Ŷ − X‖² / (B·T·d)`` (``F.mse_loss``, reduction "mean").
 """

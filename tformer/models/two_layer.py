@@ -1,4 +1,4 @@
-"""Seed 000: the two-layer transformer, no LayerNorm, no biases.
+"""The two-layer transformer: two residual blocks, no LayerNorm, no biases.
 
 For each layer l = 1, 2 (X_0 = X, Y = X_2):
 
@@ -9,8 +9,8 @@ For each layer l = 1, 2 (X_0 = X, Y = X_2):
     X_l = S'_l W_{2,l} + Z̃_l                                                   (B, T, d)
 
 trained with L = ½‖Y − Y_true‖² and AdamW with ε inside the square root. Each layer is a
-``tformer.blocks.ResidualBlock`` (single head, swish, ``bias=False``). The seed does not state the
-width of W_1; here ``d_ff`` defaults to 4·d, the usual choice.
+``tformer.blocks.ResidualBlock`` (single head, swish, ``bias=False``). Its source does not state
+the width of W_1; here ``d_ff`` defaults to 4·d, the usual choice.
 """
 import numpy as np
 
@@ -19,7 +19,7 @@ from ..attention import MultiHeadAttention
 from ..blocks import ResidualBlock
 from ..layers import Module, ModuleList
 
-# the seed's symbols (layer l = 1, 2) -> qualified parameter names of ``named_parameters()``
+# the source's symbols (layer l = 1, 2) -> qualified parameter names of ``named_parameters()``
 SYMBOLS = {f"{sym},{l}": f"blocks.{l - 1}.{name}" for l in (1, 2) for sym, name in
            (("W_q", "attn.q.W"), ("W_k", "attn.k.W"), ("W_v", "attn.v.W"), ("W_o", "attn.o.W"),
             ("W_1", "ffn.fc1.W"), ("W_2", "ffn.fc2.W"))}
@@ -31,7 +31,7 @@ class TwoLayerTransformer(Module):
     ``x: (B, T, d_model)`` -> ``(B, T, d_model)``. Per layer: ``W_q, W_k, W_v, W_o: (d, d)``,
     ``W_1: (d, d_ff)``, ``W_2: (d_ff, d)``, drawn from U(−1/√d_in, 1/√d_in). With ``use_mlp=False``
     the MLP branches are left out (X_l = Z̃_l, parameters ``blocks.0.q.W`` …), an ablation for
-    comparisons; seed 000 has them.
+    comparisons; the two-layer transformer has them.
     After a forward pass ``att`` holds ``[A_1, A_2]``, each ``(B, T, T)``.
 
     Input checks (``tformer._validate.sequences``): ``x`` must be a float array of 3 axes, of the

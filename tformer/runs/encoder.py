@@ -1,11 +1,12 @@
-"""``python -m tformer run encoder``: seed 003's post-LN encoder trained to reconstruct its input.
+"""``python -m tformer run encoder``: the post-LN encoder trained to reconstruct its input.
 
 The headline to reproduce: 2 layers, d_model 64, 4 heads, d_ff 256, Adam without weight decay,
 MSE 0.0043 after 500 epochs. The data (``tformer.data.reconstruction``): 256 fixed training
 sequences of 16 tokens, each token a standardised 64-d row of a 65-row table; an epoch is one
 shuffled pass over them in mini-batches of 32 (8 updates). After every epoch the MSE over the
-whole training set (the seed's number) and over 64 held-out sequences is measured; the run prints
-the final MSE, the first epoch whose training MSE is ≤ the target 0.0043, and the wall time.
+whole training set (the number its source reports) and over 64 held-out sequences is measured;
+the run prints the final MSE, the first epoch whose training MSE is ≤ the target 0.0043, and the
+wall time.
 """
 import time
 
@@ -15,11 +16,11 @@ from ..optim import Adam
 from ..train import train
 from .flags import Deprecated, heads_divide, nonnegative_float, nonnegative_int, positive_int
 
-HEADLINE_MSE = 0.0043          # the seed's "Final MSE Loss" after 500 epochs
+HEADLINE_MSE = 0.0043          # the source's "Final MSE Loss" after 500 epochs
 
 
 def add_arguments(parser):
-    """The flags of ``python -m tformer run encoder``; the defaults are the seed's headline configuration."""
+    """The flags of ``python -m tformer run encoder``; the defaults are the source's headline configuration."""
     parser.add_argument("--n-layers", type=positive_int, default=2, help="number of post-LN blocks")
     parser.add_argument("--d-model", type=positive_int, default=64,
                         help="model width d (also the data's width)")
@@ -108,7 +109,7 @@ def main(args):
                            seed=args.seed)
     epochs = getattr(args, "epochs", None)
     steps = epochs * d.steps_per_epoch if epochs else args.steps or 500 * d.steps_per_epoch
-    print(f"seed 003 encoder: {args.n_layers} layers, d_model {args.d_model}, {args.n_heads} heads, "
+    print(f"post-LN encoder: {args.n_layers} layers, d_model {args.d_model}, {args.n_heads} heads, "
           f"d_ff {args.d_ff}; Adam lr {args.lr:g}, no weight decay")
     print(f"data: {args.n_train} fixed sequences of {args.seq_len} tokens (rows of a standardised "
           f"{args.vocab_size}x{args.d_model} table), batch {args.batch_size}, "
