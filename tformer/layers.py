@@ -326,8 +326,9 @@ class Activation(Module):
 class FeedForward(Module):
     """FFN(x) = act(x W_1 + b_1) W_2 + b_2, with optional dropout after the activation.
 
-    ``x: (B, T, C)`` -> ``(B, T, C)``; hidden width ``d_ff``. Seed 000: swish, no biases; seeds
-    002/003: ReLU with biases; seed 004: GELU with biases.
+    ``x: (B, T, C)`` -> ``(B, T, C)``; hidden width ``d_ff``. The two-layer transformer: swish, no
+    biases; the complete Transformer and the post-LN encoder: ReLU with biases; TinyGPT: GELU
+    with biases.
     """
 
     def __init__(self, d_model, d_ff, activation="relu", bias=True, dropout=0.0, rng=None,

@@ -8,7 +8,7 @@ keyed by the qualified name, has the parameter's shape and dtype, and is created
 optimizer. Scalars enter the arithmetic as Python floats, so float32 parameters are updated in
 float32 with no float64 temporaries.
 
-Symbols follow the seeds: g the gradient, m and v the first and second moments, m_hat and v_hat
+Symbols follow the sources: g the gradient, m and v the first and second moments, m_hat and v_hat
 their bias-corrected values, beta1 / beta2, eps (ε), lr (η or α), weight_decay (λ), t the step.
 """
 
@@ -335,7 +335,7 @@ def _check_bool(name, value):
 
 
 class Adam(_AdamBase):
-    r"""Adam (seed 003's form; no weight decay).
+    r"""Adam (the post-LN encoder's form; no weight decay).
 
         m ← β1 m + (1−β1) g,    v ← β2 v + (1−β2) g²
         m_hat = m / (1 − β1^t), v_hat = v / (1 − β2^t)
@@ -363,29 +363,30 @@ class Adam(_AdamBase):
 
 
 class AdamW(_AdamBase):
-    r"""AdamW with decoupled weight decay, in the two ε placements of the seeds.
+    r"""AdamW with decoupled weight decay, in the two ε placements of the sources.
 
     Both forms update the moments as Adam does (the decay never enters g, m or v):
 
         m ← β1 m + (1−β1) g,    v ← β2 v + (1−β2) g²
         m_hat = m / (1 − β1^t), v_hat = v / (1 − β2^t)
 
-    ``eps_inside_sqrt=False`` (default; seed 004, TinyGPT), with α = lr:
+    ``eps_inside_sqrt=False`` (default; TinyGPT), with α = lr:
 
         θ ← θ − α (m_hat / (√v_hat + ε) + λ θ)
 
-    ``eps_inside_sqrt=True`` (seeds 000 and 001), with η = lr:
+    ``eps_inside_sqrt=True`` (the two-layer transformer and the single attention layer),
+    with η = lr:
 
         W ← (1 − λη) W − η · m_hat / √(v_hat + ε)
 
-    How they relate: the λθ of seed 004 is the θ *before* the step, so θ − α(u + λθ) =
+    How they relate: TinyGPT's λθ is the θ *before* the step, so θ − α(u + λθ) =
     (1 − αλ)θ − αu. The decay is therefore the same multiplicative shrink (1 − ηλ) of the old
     weights in both, and the forms differ only in where ε sits: √v_hat + ε against √(v_hat + ε).
-    When v_hat ≫ ε the two agree closely; when v_hat is tiny (g ≈ 0) the seed-000 form divides by
-    √ε (1e-4 for ε = 1e-8) and moves far less than seed 004's, which divides by √v_hat + ε.
-    Each is computed here as its seed writes it (seed 004: the bracket is formed, then scaled by
-    α; seed 000: W is shrunk, then the step subtracted), so results agree with the algebra up to
-    rounding. ``torch.optim.AdamW`` shrinks θ by (1 − αλ) before its Adam step: the seed-004 form.
+    When v_hat ≫ ε the two agree closely; when v_hat is tiny (g ≈ 0) the ε-inside form divides by
+    √ε (1e-4 for ε = 1e-8) and moves far less than the ε-outside one, which divides by √v_hat + ε.
+    Each is computed here as its source writes it (ε outside: the bracket is formed, then scaled
+    by α; ε inside: W is shrunk, then the step subtracted), so results agree with the algebra up to
+    rounding. ``torch.optim.AdamW`` shrinks θ by (1 − αλ) before its Adam step: the ε-outside form.
 
     State: ``m`` and ``v`` of each parameter's shape and dtype, zero at the start.
     """
@@ -399,7 +400,7 @@ class AdamW(_AdamBase):
         super().__init__(model, lr, betas, eps)
 
     def _update(self, param, grad, state):
-        """Seeds 000/001: W ← (1 − λη) W − η m_hat / √(v_hat + ε);  seed 004: θ ← θ − α (m_hat / (√v_hat + ε) + λθ)."""
+        """ε inside: W ← (1 − λη) W − η m_hat / √(v_hat + ε);  ε outside: θ ← θ − α (m_hat / (√v_hat + ε) + λθ)."""
         m_hat, v_hat = self._moments(grad, state)
         if self.eps_inside_sqrt:
             param *= 1.0 - self.weight_decay * self.lr
@@ -411,7 +412,7 @@ class AdamW(_AdamBase):
 
     def _update_inplace(self, param, grad, state):
         m_hat, v_hat = self._moments_inplace(grad, state)
-        if self.eps_inside_sqrt:            # seeds 000/001
+        if self.eps_inside_sqrt:            # ε inside
             v_hat += self.eps
             np.sqrt(v_hat, out=v_hat)       # √(v_hat + ε)
             m_hat /= v_hat                  # m_hat / √(v_hat + ε)
@@ -419,7 +420,7 @@ class AdamW(_AdamBase):
             if self.weight_decay != 0.0:
                 param *= 1.0 - self.weight_decay * self.lr   # (1 − λη) W
             param -= m_hat
-        else:                               # seed 004
+        else:                               # ε outside
             np.sqrt(v_hat, out=v_hat)
             v_hat += self.eps               # √v_hat + ε
             m_hat /= v_hat                  # m_hat / (√v_hat + ε)

@@ -39,7 +39,7 @@ def sigmoid_forward(x):
 
 
 def swish_forward(h):
-    """swish(h) = h ⊙ σ(h)  (SiLU; seed 000's S' = H ⊙ σ(H)).
+    """swish(h) = h ⊙ σ(h)  (SiLU; the two-layer transformer's S' = H ⊙ σ(H)).
 
     Shapes: ``h: (...)`` -> ``y: (...)``. Saves ``h`` and ``σ(h)``. Returns ``y, cache``.
     """
@@ -57,8 +57,10 @@ def gelu_forward(x, approximate="tanh"):
 
         s = 1 / (1 + e^{−2u}),   y = x s
 
-    one exp instead of one tanh (NumPy's float32 exp takes about half the time of its tanh; chapter
-    20 measures both), and the same value. For x ≪ 0, e^{−2u} overflows to inf and s is exactly 0, as it should be.
+    one exp instead of one tanh, the same value. Which of the two is cheaper depends on the CPU:
+    with AVX-512, NumPy's float32 tanh is the faster; without it, tanh is the slower, by far on
+    older CPUs (the chapter "Performance" times both on the machine that runs it). For x ≪ 0,
+    e^{−2u} overflows to inf and s is exactly 0, as it should be.
     Shapes: ``x: (...)`` -> ``y: (...)``. The cache holds ``x`` and ``s``. Returns ``y, cache``.
     float16/bfloat16: the chain runs in float32 and y and s are rounded once, at the end (NumPy's
     float16 arithmetic converts every element in software, about ten times slower than float32;

@@ -1,4 +1,4 @@
-"""One decoding step of seed 004's pre-norm block in few NumPy calls, same arithmetic.
+"""One decoding step of TinyGPT's pre-norm block in few NumPy calls, same arithmetic.
 
 Generating one token for ``B`` sequences works on rows of ``C`` numbers: every product
 is a matrix-vector product, and the fixed cost of each call (argument checks, views,

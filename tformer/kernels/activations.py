@@ -51,7 +51,7 @@ def sigmoid_backward(dy, cache):
 
 
 def swish_forward(h):
-    """swish(h) = h ⊙ σ(h)  (SiLU; seed 000's S' = H ⊙ σ(H)).
+    """swish(h) = h ⊙ σ(h)  (SiLU; the two-layer transformer's S' = H ⊙ σ(H)).
 
     Shapes: ``h: (...)`` -> ``y: (...)``. Saves ``h`` and ``σ(h)``. Returns ``y, cache``.
     """
@@ -60,7 +60,8 @@ def swish_forward(h):
 
 
 def swish_backward(dy, cache):
-    """dh = dy ⊙ [σ(h) + h ⊙ σ(h) ⊙ (1 − σ(h))], written exactly as seed 000 writes it."""
+    """dh = dy ⊙ [σ(h) + h ⊙ σ(h) ⊙ (1 − σ(h))], written exactly as the two-layer transformer
+    writes it."""
     h, sig = cache
     return dy * (sig + h * sig * (1 - sig))
 

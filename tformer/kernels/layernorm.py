@@ -31,8 +31,9 @@ def layernorm_backward(dy, cache):
     """dx = rstd ⊙ (g − mean(g) − x̂ ⊙ mean(g ⊙ x̂)),  g = γ ⊙ dy;  dγ = Σ dy ⊙ x̂;  dβ = Σ dy.
 
     In the forward pass every x̂_i depends on the whole row through μ and rstd; the two means are
-    what that dependence contributes (the derivation chapter shows this equals the three-term
-    g_σ², g_μ form of seed 003). dγ and dβ sum over every row (all leading axes).
+    what that dependence contributes (the chapter "LayerNorm: the full backward" shows that this
+    equals the post-LN encoder's three-term g_σ², g_μ form). dγ and dβ sum over every row (all
+    leading axes).
     Shapes: ``dy: (..., C)`` -> ``(dx: (..., C), dgamma: (C,), dbeta: (C,))``.
     """
     x, gamma, mu, rstd = cache

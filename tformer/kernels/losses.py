@@ -5,8 +5,10 @@ import numpy as np
 def mse_loss(y, target, reduction="mean"):
     """Squared error in the scalings the sources use.
 
-    ``reduction="mean"`` (seed 003): L = ‖y − t‖² / N, dL/dy = 2(y − t)/N, N = y.size (B·T·d).
-    ``reduction="half_sum"`` (seeds 000/001): L = ½‖y − t‖², dL/dy = y − t.
+    ``reduction="mean"`` (the post-LN encoder): L = ‖y − t‖² / N, dL/dy = 2(y − t)/N,
+    N = y.size (B·T·d).
+    ``reduction="half_sum"`` (the two-layer transformer, the single attention layer):
+    L = ½‖y − t‖², dL/dy = y − t.
     ``reduction="sum"``: L = ‖y − t‖², dL/dy = 2(y − t).
     Shapes: ``y, target: (...)`` the same  ->  ``(loss: float, dy: like y)``.
     """
