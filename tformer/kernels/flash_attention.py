@@ -84,49 +84,75 @@ def flash_attention_forward(q, k, v, mask=None, scale=None, is_causal=False, out
     cd = compute_dtype(q.dtype)                 # the tiles' format: float32 for float16/bfloat16
     m_all = np.empty(q.shape[:-1], cd)                                  # (..., T_q): row max m
     ell_all = np.empty(q.shape[:-1], cd)                                # (..., T_q): ℓ = Σ e^(s − m)
-    T_q, T_k = q.shape[-2], k.shape[-2]
-    q3, k3, v3, y3, m3, ell3, blocked, additive = _batched(q, k, v, y, m_all[..., None],
-                                                           ell_all[..., None], blocked, additive)
-    qg, kg, vg, yg, mg, ellg, blocked, additive = _grouped(G, q3, k3, v3, y3, m3, ell3, blocked, additive)
-    low = np.finfo(cd).min             # the running max starts here, not at −inf: see _merge_tile
+    arrays = _batched(q, k, v, y, m_all[..., None], ell_all[..., None], blocked, additive)
+    arrays = _grouped(G, *arrays)               # Q, K, V, Y, m, ℓ and the mask, as tiles see them
 
-    def seqs(lo, hi):
-        with np.errstate(invalid="ignore"):       # NaN or +inf scores: reported below, by name
-            tiles(lo, hi)
+    def seqs(lo, hi):                           # the sequences lo … hi − 1, on one thread
+        with np.errstate(invalid="ignore"):     # NaN or +inf scores: reported by _divide, by name
+            _forward_seqs(*_part(arrays, lo, hi), scale, is_causal, bq, bk)
 
-    def tiles(lo, hi):
-        lead = (hi - lo, *qg.shape[1:-2])                               # (n, ..., ·, ·) of a tile
-        S_buf = np.empty((*lead, bq, bk), cd)                           # one tile of scores
-        qs_buf = np.empty((*lead, bq, q.shape[-1]), cd)
-        pv_buf = np.empty((*lead, bq, v.shape[-1]), cd)
-        ones = np.ones((bk, 1), cd)
-        k_up, v_up, o_up = _upcast_buffers(q.dtype, cd, (hi - lo, *kg.shape[1:-2]), lead, bq, bk,
-                                           k.shape[-1], v.shape[-1], v.shape[-1])
-        for a, b in _ranges(T_q, bq):
-            nq = b - a
-            qs = np.multiply(qg[lo:hi, ..., a:b, :], scale, out=qs_buf[..., :nq, :], dtype=cd)
-            o = yg[lo:hi, ..., a:b, :] if o_up is None else o_up[..., :nq, :]   # o accumulates in y
-            m = np.full((*lead, nq, 1), low, cd)                        # running max  (.., nq, 1)
-            ell = np.zeros((*lead, nq, 1), cd)                          # running sum  (.., nq, 1)
-            for i, (c, d) in enumerate(_ranges(_key_end(a, b, T_q, T_k, is_causal), bk)):
-                S = _scores(qs, _up(kg[lo:hi, ..., c:d, :], k_up), S_buf, a, b, c, d, lo, hi,
-                            blocked, additive, is_causal, T_k - T_q)
-                m = _merge_tile(S, m, ell, o, _up(vg[lo:hi, ..., c:d, :], v_up), pv_buf, ones,
-                                first=i == 0)
-            if np.isnan(m).any() or np.isposinf(m).any():
-                raise ValueError("scores: contain NaN or +inf (from q, k or the mask); the softmax "
-                                 "of such a row is undefined")
-            empty = ell == 0                       # no visible key (or no key tile at all)
-            if empty.any():                        # P = 0 on these rows; with no key tile at all
-                o[np.broadcast_to(empty, o.shape)] = 0   # o was never written
-            np.divide(o, ell, out=o, where=~empty)                      # y = o / ℓ
-            if o_up is not None:
-                np.copyto(yg[lo:hi, ..., a:b, :], o, casting="same_kind")   # rounded once
-            mg[lo:hi, ..., a:b, :] = m
-            ellg[lo:hi, ..., a:b, :] = ell
-
-    parallel.parallel_for(seqs, *_split_axis(qg))
+    parallel.parallel_for(seqs, *_split_axis(arrays[0]))
+    blocked, additive = arrays[-2:]             # kept as the tiles see them, for the backward pass
     return y, FlashAttentionCache(q, k, v, y, m_all, ell_all, scale, blocked, additive, is_causal, bq, bk)
+
+
+def _forward_seqs(q, k, v, y, m_out, ell_out, blocked, additive, scale, is_causal, bq, bk):
+    """The forward pass of some sequences (the first axis of every array), one query tile at a time:
+    merge its key tiles one by one into the running (m, ℓ, o), then y = o / ℓ."""
+    T_q, T_k = q.shape[-2], k.shape[-2]
+    buf = _forward_buffers(q, k, v, bq, bk, m_out.dtype)
+    for a, b in _ranges(T_q, bq):
+        qs = np.multiply(q[..., a:b, :], scale, out=buf.qs[..., :b - a, :], dtype=m_out.dtype)
+        o = y[..., a:b, :] if buf.o is None else buf.o[..., :b - a, :]     # o accumulates in y
+        m = np.full((*qs.shape[:-1], 1), buf.low, m_out.dtype)             # running max  (.., nq, 1)
+        ell = np.zeros((*qs.shape[:-1], 1), m_out.dtype)                   # running sum  (.., nq, 1)
+        for i, (c, d) in enumerate(_ranges(_key_end(a, b, T_q, T_k, is_causal), bk)):
+            S = _scores(qs, _up(k[..., c:d, :], buf.k), buf.S, a, b, c, d,
+                        blocked, additive, is_causal, T_k - T_q)
+            m = _merge_tile(S, m, ell, o, _up(v[..., c:d, :], buf.v), buf.pv, buf.ones,
+                            first=i == 0)
+        _divide(o, m, ell)                                                 # y = o / ℓ
+        if buf.o is not None:
+            np.copyto(y[..., a:b, :], o, casting="same_kind")              # rounded once
+        m_out[..., a:b, :] = m
+        ell_out[..., a:b, :] = ell
+
+
+class _ForwardBuffers(NamedTuple):
+    """One thread's scratch for the forward pass: a tile of scores S, of scale·Q and of e^S V, a
+    column of ones (row sums by BLAS), float32 copies of a key and value tile and of a query
+    tile's output (float16/bfloat16 input; else None), and the running max's start ``low``."""
+    S: np.ndarray
+    qs: np.ndarray
+    pv: np.ndarray
+    ones: np.ndarray
+    k: object
+    v: object
+    o: object
+    low: float
+
+
+def _forward_buffers(q, k, v, bq, bk, cd):
+    """The ``_ForwardBuffers`` for tiles of ``bq`` queries and ``bk`` keys of these sequences."""
+    lead = q.shape[:-2]                                                 # (n, ..., ·) of a tile
+    k_up, v_up, o_up = _upcast_buffers(q.dtype, cd, k.shape[:-2], lead, bq, bk,
+                                       k.shape[-1], v.shape[-1], v.shape[-1])
+    return _ForwardBuffers(np.empty((*lead, bq, bk), cd), np.empty((*lead, bq, q.shape[-1]), cd),
+                           np.empty((*lead, bq, v.shape[-1]), cd), np.ones((bk, 1), cd),
+                           k_up, v_up, o_up,
+                           np.finfo(cd).min)   # the running max starts here, not at −inf
+
+
+def _divide(o, m, ell):
+    """y = o / ℓ for one query tile, in place in ``o``; a row with no visible key (ℓ = 0) is 0.
+    A NaN or +inf running maximum means a NaN or +inf score: raised here."""
+    if np.isnan(m).any() or np.isposinf(m).any():
+        raise ValueError("scores: contain NaN or +inf (from q, k or the mask); the softmax "
+                         "of such a row is undefined")
+    empty = ell == 0                           # no visible key (or no key tile at all)
+    if empty.any():                            # P = 0 on these rows; with no key tile at all
+        o[np.broadcast_to(empty, o.shape)] = 0   # o was never written
+    np.divide(o, ell, out=o, where=~empty)
 
 
 def _merge_tile(S, m, ell, o, v, pv_buf, ones, first):
@@ -154,7 +180,7 @@ def _merge_tile(S, m, ell, o, v, pv_buf, ones, first):
     return m_new
 
 
-def _scores(qs, k, S_buf, a, b, c, d, lo, hi, blocked, additive, is_causal, offset):
+def _scores(qs, k, S_buf, a, b, c, d, blocked, additive, is_causal, offset):
     """The scores S = (scale·Q_a) K_cᵀ of query tile [a, b) and key tile [c, d), masked.
 
     Written into ``S_buf``; returns the view ``(.., b − a, d − c)``. Masked entries are −inf: the
@@ -163,9 +189,9 @@ def _scores(qs, k, S_buf, a, b, c, d, lo, hi, blocked, additive, is_causal, offs
     S = S_buf[..., :b - a, :d - c]
     np.matmul(qs, k.swapaxes(-1, -2), out=S)
     if additive is not None:
-        S += additive[lo:hi, ..., a:b, c:d]
+        S += additive[..., a:b, c:d]
     if blocked is not None:
-        np.copyto(S, -np.inf, where=blocked[lo:hi, ..., a:b, c:d])
+        np.copyto(S, -np.inf, where=blocked[..., a:b, c:d])
     if is_causal and d - 1 > a + offset:                                # some key after some query
         np.copyto(S, -np.inf, where=_above(a, b, c, d, offset))
     return S
@@ -195,69 +221,105 @@ def flash_attention_backward(dy, cache, out=None):
     q, k, v, y, m_all, ell_all, scale, blocked, additive, is_causal, bq, bk = cache
     dq, dk, dv = tuple(np.empty(a.shape, a.dtype) for a in (q, k, v)) if out is None else out
     G = group_size(q, k)
-    T_q, T_k = q.shape[-2], k.shape[-2]
     cd = m_all.dtype                            # the tiles' format: float32 for float16/bfloat16
     Dlt = np.vecdot(dy.astype(cd, copy=False), y.astype(cd, copy=False))[..., None]   # D = rowsum(dY ⊙ Y)
     inv = np.divide(1, ell_all, out=np.zeros_like(ell_all), where=ell_all > 0)[..., None]   # 1/ℓ
     # (0 for a row with no visible key: its dY/ℓ and D/ℓ are 0, and so are its gradients)
     Dlt *= inv                                                          # D/ℓ
-    arrays = _batched(q, k, v, dy, m_all[..., None], inv, Dlt, dq, dk, dv)
-    q3, k3, v3, dy3, m3, inv3, D3, dq3, dk3, dv3 = arrays
-    qg, kg, vg, dyg, mg, invg, Dg, dqg = _grouped(G, q3, k3, v3, dy3, m3, inv3, D3, dq3)
+    q3, k3, v3, dy3, m3, inv3, D3, dq3, dk3, dv3 = _batched(q, k, v, dy, m_all[..., None], inv, Dlt,
+                                                            dq, dk, dv)
+    arrays = (*_grouped(G, q3, k3, v3, dy3, m3, inv3, D3, dq3), dk3, dv3, blocked, additive)
 
-    def seqs(lo, hi):
-        lead = (hi - lo, *qg.shape[1:-2])
-        E_buf = np.empty((*lead, bq, bk), cd)                           # E = exp(S − m) of one tile
-        dP_buf = np.empty((*lead, bq, bk), cd)                          # dP/ℓ, then dS/scale
-        qs_buf = np.empty((*lead, bq, q.shape[-1]), cd)
-        dys_buf = np.empty((*lead, bq, v.shape[-1]), cd)
-        dq_buf = np.empty((*lead, bq, q.shape[-1]), cd)
-        kv_lead = (hi - lo, *dk3.shape[1:-2])                           # (n, ..., H_kv)
-        dk_buf = np.empty((*kv_lead, bk, k.shape[-1]), cd)
-        dv_buf = np.empty((*kv_lead, bk, v.shape[-1]), cd)
-        k_up, v_up, dq_up = _upcast_buffers(q.dtype, cd, (hi - lo, *kg.shape[1:-2]), lead, bq, bk,
-                                            k.shape[-1], v.shape[-1], q.shape[-1])
-        # dK and dV sum over query tiles: in place, or (float16/bfloat16) in float32 arrays
-        dk_acc = dk3[lo:hi] if dq_up is None else np.empty((hi - lo, *dk3.shape[1:]), cd)
-        dv_acc = dv3[lo:hi] if dq_up is None else np.empty((hi - lo, *dv3.shape[1:]), cd)
-        dk_acc[...] = 0
-        dv_acc[...] = 0
-        for a, b in _ranges(T_q, bq):
-            nq = b - a
-            qs = np.multiply(qg[lo:hi, ..., a:b, :], scale, out=qs_buf[..., :nq, :], dtype=cd)
-            dys = np.multiply(dyg[lo:hi, ..., a:b, :], invg[lo:hi, ..., a:b, :],
-                              out=dys_buf[..., :nq, :], dtype=cd)       # dY/ℓ
-            mt, Dt = mg[lo:hi, ..., a:b, :], Dg[lo:hi, ..., a:b, :]
-            dqt = dqg[lo:hi, ..., a:b, :] if dq_up is None else dq_up[..., :nq, :]
-            end = _key_end(a, b, T_q, T_k, is_causal)
-            for i, (c, d) in enumerate(_ranges(end, bk)):
-                nk = d - c
-                kt, vt = _up(kg[lo:hi, ..., c:d, :], k_up), _up(vg[lo:hi, ..., c:d, :], v_up)
-                E = _scores(qs, kt, E_buf, a, b, c, d, lo, hi, blocked, additive, is_causal, T_k - T_q)
-                E -= mt
-                np.exp(E, out=E)                                        # E = exp(S − m) = ℓ P
-                dvt = _matmul_sum(E.swapaxes(-1, -2), dys, dv_buf[..., :nk, :], G)
-                dv_acc[..., c:d, :] += dvt                              # dV_c += Pᵀ dY_a
-                dS = np.matmul(dys, vt.swapaxes(-1, -2), out=dP_buf[..., :nq, :nk])   # dP/ℓ
-                dS -= Dt
-                dS *= E                                                 # dS/scale = P ⊙ (dP − D)
-                if i == 0:
-                    np.matmul(dS, kt, out=dqt)
-                else:
-                    dqt += np.matmul(dS, kt, out=dq_buf[..., :nq, :])   # dQ_a/scale += dS K_c
-                dkt = _matmul_sum(dS.swapaxes(-1, -2), qs, dk_buf[..., :nk, :], G)
-                dk_acc[..., c:d, :] += dkt                              # dK_c += dSᵀ (scale·Q_a)
-            if end == 0:
-                dqt[...] = 0                                            # no key: no gradient
-            dqt *= scale                                                # dQ = scale · dS K
-            if dq_up is not None:
-                np.copyto(dqg[lo:hi, ..., a:b, :], dqt, casting="same_kind")
-        if dq_up is not None:                                           # rounded once
-            np.copyto(dk3[lo:hi], dk_acc, casting="same_kind")
-            np.copyto(dv3[lo:hi], dv_acc, casting="same_kind")
+    def seqs(lo, hi):                           # the sequences lo … hi − 1, on one thread
+        _backward_seqs(*_part(arrays, lo, hi), scale, is_causal, bq, bk, G)
 
-    parallel.parallel_for(seqs, *_split_axis(qg))
+    parallel.parallel_for(seqs, *_split_axis(arrays[0]))
     return dq, dk, dv
+
+
+def _backward_seqs(q, k, v, dy, m, inv, Dl, dq, dk, dv, blocked, additive, scale, is_causal, bq, bk,
+                   G):
+    """The backward pass of some sequences (the first axis of every array), one query tile at a
+    time: dQ_a sums over its key tiles; dK and dV sum over the query tiles, in ``dk_acc, dv_acc``."""
+    T_q, T_k = q.shape[-2], k.shape[-2]
+    buf = _backward_buffers(q, k, v, dk, bq, bk, m.dtype)
+    dk_acc, dv_acc = _accumulators(dk, dv, m.dtype, buf.dq_up is not None)
+    for a, b in _ranges(T_q, bq):
+        qs = np.multiply(q[..., a:b, :], scale, out=buf.qs[..., :b - a, :], dtype=m.dtype)
+        dys = np.multiply(dy[..., a:b, :], inv[..., a:b, :], out=buf.dys[..., :b - a, :],
+                          dtype=m.dtype)                                # dY/ℓ
+        dqt = dq[..., a:b, :] if buf.dq_up is None else buf.dq_up[..., :b - a, :]
+        end = _key_end(a, b, T_q, T_k, is_causal)
+        for i, (c, d) in enumerate(_ranges(end, bk)):
+            kt, vt = _up(k[..., c:d, :], buf.k), _up(v[..., c:d, :], buf.v)
+            E = _scores(qs, kt, buf.E, a, b, c, d, blocked, additive, is_causal, T_k - T_q)
+            _tile_backward(E, m[..., a:b, :], Dl[..., a:b, :], qs, dys, kt, vt, dqt,
+                           dk_acc[..., c:d, :], dv_acc[..., c:d, :], buf, i == 0, G)
+        if end == 0:
+            dqt[...] = 0                                                # no key: no gradient
+        dqt *= scale                                                    # dQ = scale · dS K
+        if buf.dq_up is not None:
+            np.copyto(dq[..., a:b, :], dqt, casting="same_kind")
+    if buf.dq_up is not None:                                           # rounded once
+        np.copyto(dk, dk_acc, casting="same_kind")
+        np.copyto(dv, dv_acc, casting="same_kind")
+
+
+def _tile_backward(E, mt, Dt, qs, dys, kt, vt, dqt, dk_c, dv_c, buf, first, G):
+    """One query tile a against one key tile c, ``E`` holding their scores S on entry:
+    E = exp(S − m) = ℓ P,  dV_c += Eᵀ (dY/ℓ),  dS/scale = E ⊙ ((dY/ℓ) Vᵀ − D/ℓ) = P ⊙ (dP − D),
+    dQ_a/scale += dS K_c,  dK_c += dSᵀ (scale·Q_a), each in place."""
+    nq, nk = E.shape[-2:]
+    E -= mt
+    np.exp(E, out=E)                                                    # E = exp(S − m) = ℓ P
+    dv_c += _matmul_sum(E.swapaxes(-1, -2), dys, buf.dv[..., :nk, :], G)   # dV_c += Pᵀ dY_a
+    dS = np.matmul(dys, vt.swapaxes(-1, -2), out=buf.dP[..., :nq, :nk])    # dP/ℓ
+    dS -= Dt
+    dS *= E                                                             # dS/scale = P ⊙ (dP − D)
+    if first:
+        np.matmul(dS, kt, out=dqt)
+    else:
+        dqt += np.matmul(dS, kt, out=buf.dq[..., :nq, :])               # dQ_a/scale += dS K_c
+    dk_c += _matmul_sum(dS.swapaxes(-1, -2), qs, buf.dk[..., :nk, :], G)   # dK_c += dSᵀ (scale·Q_a)
+
+
+class _BackwardBuffers(NamedTuple):
+    """One thread's scratch for the backward pass: a tile of E = exp(S − m) and of dP/ℓ (then
+    dS/scale), of scale·Q, dY/ℓ and a product into dQ, of the key tile's dK and dV, and float32
+    copies of a key and value tile and of a query tile's dQ (float16/bfloat16 input; else None)."""
+    E: np.ndarray
+    dP: np.ndarray
+    qs: np.ndarray
+    dys: np.ndarray
+    dq: np.ndarray
+    dk: np.ndarray
+    dv: np.ndarray
+    k: object
+    v: object
+    dq_up: object
+
+
+def _backward_buffers(q, k, v, dk, bq, bk, cd):
+    """The ``_BackwardBuffers`` for tiles of ``bq`` queries and ``bk`` keys of these sequences."""
+    lead, kv_lead = q.shape[:-2], dk.shape[:-2]                         # (n, ..., ·), (n, ..., H_kv)
+    k_up, v_up, dq_up = _upcast_buffers(q.dtype, cd, k.shape[:-2], lead, bq, bk,
+                                        k.shape[-1], v.shape[-1], q.shape[-1])
+    return _BackwardBuffers(np.empty((*lead, bq, bk), cd), np.empty((*lead, bq, bk), cd),
+                            np.empty((*lead, bq, q.shape[-1]), cd),
+                            np.empty((*lead, bq, v.shape[-1]), cd),
+                            np.empty((*lead, bq, q.shape[-1]), cd),
+                            np.empty((*kv_lead, bk, k.shape[-1]), cd),
+                            np.empty((*kv_lead, bk, v.shape[-1]), cd), k_up, v_up, dq_up)
+
+
+def _accumulators(dk, dv, cd, upcast):
+    """dK and dV sum over query tiles: zeroed ``dk, dv`` themselves, or (float16/bfloat16,
+    ``upcast``) zeroed float32 arrays, rounded into them at the end."""
+    dk_acc = dk if not upcast else np.empty(dk.shape, cd)
+    dv_acc = dv if not upcast else np.empty(dv.shape, cd)
+    dk_acc[...] = 0
+    dv_acc[...] = 0
+    return dk_acc, dv_acc
 
 
 def _upcast_buffers(dtype, cd, kv_lead, lead, bq, bk, D_k, D_v, D_out):
@@ -299,6 +361,11 @@ def _batched(*arrays):
     if arrays[0].ndim >= 3:
         return arrays
     return tuple(None if a is None else a[None] for a in arrays)
+
+
+def _part(arrays, lo, hi):
+    """Items ``lo:hi`` of the first axis of every array (views; None passes through)."""
+    return tuple(None if a is None else a[lo:hi] for a in arrays)
 
 
 def _ranges(n, size):
