@@ -1,6 +1,6 @@
 """The layers of the modern block: RMSNorm, the SwiGLU feed-forward network, the tied LM head.
 
-Each wraps one kernel of chapter 25 the way ``tformer.layers`` wraps the book's first kernels
+Each wraps one kernel of The modern block the way ``tformer.layers`` wraps the book's first kernels
 (``forward`` keeps what ``backward`` needs; ``backward`` accumulates into ``grads``), and
 ``norm_layer`` picks LayerNorm or RMSNorm by name for the blocks and models.
 """
@@ -44,7 +44,7 @@ def swiglu_hidden(d_ff):
     """round(2 d_ff / 3): the SwiGLU width with the weights of a two-matrix FFN of width ``d_ff``.
 
     A SwiGLU network has three C × h matrices (W_a, W_b, W_2), a GELU or ReLU one two C × d_ff
-    matrices; 3 C h = 2 C d_ff gives h = 2 d_ff / 3 (the rule of the LLaMA paper; for seed 004's
+    matrices; 3 C h = 2 C d_ff gives h = 2 d_ff / 3 (the rule of the LLaMA paper; for TinyGPT's
     d_ff = 4C, h = 8C/3). Rounding leaves the weight counts at most 1.5 C apart; the biases
     differ by 2h − d_ff ≈ d_ff/3.
     """
@@ -59,7 +59,7 @@ class SwiGLUFeedForward(Module):
     ``x: (B, T, C)`` -> ``(B, T, C)``; hidden width ``d_ff``. W_a (the gate) and W_b (the value)
     are the two halves of one ``fc1: (C, 2 d_ff)``, so both come from one product and their
     gradients go back through one. Three matrices instead of two: pass
-    ``d_ff = swiglu_hidden(4 C)`` for the weights of seed 004's 4C GELU network.
+    ``d_ff = swiglu_hidden(4 C)`` for the weights of TinyGPT's 4C GELU network.
     """
 
     def __init__(self, d_model, d_ff, bias=True, dropout=0.0, rng=None, dtype=np.float32,

@@ -1,4 +1,4 @@
-"""Fixed sinusoidal positional encoding (seeds 002 and 003)."""
+"""Fixed sinusoidal positional encoding (the complete Transformer and the post-LN encoder)."""
 import numpy as np
 
 

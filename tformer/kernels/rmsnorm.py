@@ -51,7 +51,7 @@ def rmsnorm_backward(dy, cache):
 
     In the forward pass every x̂_i depends on the whole row through rstd alone, so the Jacobian is
     ∂x̂_i/∂x_j = rstd (δ_ij − x̂_i x̂_j / C): LayerNorm's without its −1/C term, and dx is
-    LayerNorm's dx without −mean(g) (chapter 25 derives both). dγ sums over every row.
+    LayerNorm's dx without −mean(g) (The modern block derives both). dγ sums over every row.
     Shapes: ``dy: (..., C)`` -> ``(dx: (..., C), dgamma: (C,))``. float16/bfloat16: in float32,
     both gradients rounded back to the input's format.
     """

@@ -49,7 +49,7 @@ def swiglu_backward(dy, cache, out=None):
 
     In the forward pass y = silu(a) ⊙ b is a product, so each factor's gradient is dy times the
     other factor, and a's goes on through silu'(a) = σ(a) + a σ(a)(1 − σ(a)) (the swish derivative
-    of seed 000, factored). Shapes: ``dy`` like a -> ``(da, db)``, each like a.
+    of the two-layer transformer, factored). Shapes: ``dy`` like a -> ``(da, db)``, each like a.
     ``out=(da, db)``: arrays (or views, e.g. the two halves of one ``(B, T, 2 d_ff)`` gradient) to
     write the two gradients into, instead of new arrays (neither may overlap ``dy``); they are returned.
     """
