@@ -34,7 +34,7 @@ def noam_lr(step, d_model, warmup):
     step: int >= 1 (the 1-based number of the optimizer step about to be taken);
     d_model: int >= 1; warmup: int >= 1. Returns a Python float (an absolute learning rate).
 
-    The seed-002 guide passes ``lambda step: min(step**-0.5, step*warmup**-1.5)`` to PyTorch's
+    The complete Transformer's guide passes ``lambda step: min(step**-0.5, step*warmup**-1.5)`` to PyTorch's
     ``LambdaLR`` as a *multiplier* of the base lr; ``noam_lr(step, 1, warmup)`` is exactly that
     multiplier. Step 0 is not defined (``0**-0.5`` is infinite) and raises ``ValueError``: note that
     ``LambdaLR`` evaluates its lambda at step 0 when it is constructed, so the guide's snippet as
@@ -83,7 +83,7 @@ class LRScheduler:
 
     ``lr_fn`` maps a 1-based step number to an absolute learning rate, e.g.
     ``lambda s: noam_lr(s, d_model=512, warmup=4000)`` or
-    ``lambda s: base_lr * noam_lr(s, 1, 4000)`` (the seed-002 multiplier form).
+    ``lambda s: base_lr * noam_lr(s, 1, 4000)`` (the guide's multiplier form).
 
     The schedule is read from the optimizer's own counter ``opt.t``, so the scheduler holds no
     state of its own: it is resumed by restoring the optimizer, and ``step()`` may be called before

@@ -31,7 +31,7 @@ from ._grouped_heads import _grouped, _matmul_sum, _split_axis, group_size
 
 #: Query tile size (rows of Q per step). BLOCK_Q × BLOCK_K was chosen from the 5 × 5 pairs of
 #: 32 … 512 measured by ``python -m tformer online-softmax --parts tiles`` (book/data/
-#: online_softmax.json) on the machine this was written on (AMD EPYC, 32 KiB L1d and 1 MiB L2 per
+#: online_softmax.json) on an AMD EPYC (32 KiB L1d and 1 MiB L2 per
 #: core): forward + backward of causal attention at B = 4, H = 4, D = 32, float32. The fastest
 #: pairs hold one block of scores over all B·H heads of 1 MiB (b_q·b_k = 128²); 128 × 128 came
 #: first in two of three runs and within 6 % of the first in the third.

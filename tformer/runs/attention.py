@@ -20,7 +20,7 @@ DEFAULTS = dict(d_model=16, seq_len=8, batch_size=32, steps=3000, lr=3e-3)
 
 
 def add_common_arguments(parser, defaults):
-    """The flags both seed-000 and seed-001 runs take: sizes, steps, optimizer, seed, evaluation."""
+    """The flags both the single attention layer and the two-layer transformer take: sizes, steps, optimizer, seed, evaluation."""
     g = parser.add_argument_group("sizes")
     g.add_argument("--d-model", type=positive_int, default=defaults["d_model"],
                    help="features per position, d (the inputs' width and the model's)")
