@@ -7,22 +7,23 @@ chapter's equation, lives in its own file under ``tformer/kernels/``; a function
 arguments once (the boundary) and then calls the faster version of the kernel in ``tformer/fast/``,
 which a test holds equal to it.
 """
-from . import _attention_checks as _attn_checks
-from .fast import attention as _fast_attention
-from .kernels import attention as _attention
-from .kernels import flash_attention as _flash
-from .fast import linear as _fast_linear
-from ._validate import float_array, same_dtype   # linear's checks
 import numpy as np
-from .kernels.positional import sinusoidal_positions
-from ._dtypes import is_low                                   # softmax ... embedding's checks
-from ._validate import index_range, int_array
+
+from . import _attention_checks as _attn_checks
+from ._dtypes import is_low
+from ._validate import float_array, index_range, int_array, same_dtype
 from .fast import activations as _fast_act
+from .fast import attention as _fast_attention
 from .fast import dropout as _fast_dropout
 from .fast import embedding as _fast_emb
 from .fast import layernorm as _fast_ln
+from .fast import linear as _fast_linear
 from .fast import losses as _fast_losses
 from .fast import softmax as _fast_softmax
+from .kernels import attention as _attention
+from .kernels import flash_attention as _flash
+# The modern block's kernels and the fixed positions: no faster version, each its own boundary.
+from .kernels.positional import sinusoidal_positions
 from .kernels.rmsnorm import rmsnorm_backward, rmsnorm_forward
 from .kernels.rope import rope_angles, rope_backward, rope_forward
 from .kernels.swiglu import swiglu_backward, swiglu_forward
