@@ -59,3 +59,15 @@ def test_no_typed_chapter_numbers():
                                         ("seed=0", False), ("a seed of 1337", False)])
 def test_the_patterns(text, found):
     assert bool(SEED.search(text) or TYPED.search(text)) == found
+
+
+def test_a_notebooks_links_carry_their_titles():
+    """JupyterLab's MyST renderer shows ``{doc}`05_attention``` as the bare path: in a notebook a
+    link names its target, ``{doc}`Scaled dot-product attention <05_attention>```."""
+    bare = re.compile(r"\{doc\}`[^`<]*`")
+    hits = [f"{path.name} cell {i}: {m.group()}"
+            for path in sorted((ROOT / "notebooks").glob("*.ipynb"))
+            for i, cell in enumerate(json.loads(path.read_text(encoding="utf-8"))["cells"])
+            if cell["cell_type"] == "markdown"
+            for m in bare.finditer("".join(cell["source"]))]
+    assert not hits, "links without a title:\n" + "\n".join(hits)
