@@ -27,6 +27,7 @@ import numpy as np
 
 from . import functional as F
 from .fast import attention as fast_attention
+from .fast import rope as fast_rope
 from .kernels.attention import causal_mask, split_heads
 from ._validate import float_array
 from .layers import Linear, Module, _rng
@@ -74,7 +75,7 @@ class MultiHeadAttention(Module):
     extra boolean or additive mask broadcastable to ``(B, H, T, T)`` (e.g. a padding mask).
     ``n_kv_heads`` (default H): grouped-query attention, query head h reads key/value head
     ⌊h H_kv / H⌋; W_k and W_v are ``(C, H_kv·D)`` (fused: ``W_qkv: (C, C + 2 H_kv D)``).
-    ``rope=True``: q and k are rotated by ``F.rope_forward`` (``rope_base``) before the scores.
+    ``rope=True``: q and k are rotated by RoPE (``tformer.fast.rope``, ``rope_base``) before the scores.
     ``attention``: the kernel, ``"plain"`` (``F.attention_forward``; after a forward pass
     ``self.att`` holds the probabilities ``(B, H, T, T_k)``) or ``"flash"``
     (``F.flash_attention_forward``: the same result, computed tile by tile without storing the
@@ -158,16 +159,16 @@ class MultiHeadAttention(Module):
         if not self.rope:
             return q, k
         start = kv_cache.t if kv_cache is not None else 0
-        q, rope_q = F.rope_forward(q, start, self.rope_base)
-        k, rope_k = F.rope_forward(k, start, self.rope_base)
+        q, rope_q = fast_rope.rope_forward(q, start, self.rope_base)
+        k, rope_k = fast_rope.rope_forward(k, start, self.rope_base)
         self._rope = (rope_q, rope_k)
         return q, k
 
     def _rotate_backward(self, dq, dk):
         """With RoPE, turn the gradients of the rotated q and k back (in place): dq ← Rᵀ dq."""
         if self.rope:
-            F.rope_backward(dq, self._rope[0], out=dq)
-            F.rope_backward(dk, self._rope[1], out=dk)
+            fast_rope.rope_backward(dq, self._rope[0], out=dq)
+            fast_rope.rope_backward(dk, self._rope[1], out=dk)
 
     def _split_heads(self, q, k, v):
         """(B, T, ·) -> (B, H, T, D) each; with ``n_kv_heads`` (grouped-query attention, the modern

@@ -19,14 +19,16 @@ from .fast import embedding as _fast_emb
 from .fast import layernorm as _fast_ln
 from .fast import linear as _fast_linear
 from .fast import losses as _fast_losses
+from .fast import rmsnorm as _fast_rms
+from .fast import rope as _fast_rope
 from .fast import softmax as _fast_softmax
+from .fast import swiglu as _fast_swiglu
 from .kernels import attention as _attention
 from .kernels import flash_attention as _flash
-# The modern block's kernels and the fixed positions: no faster version, each its own boundary.
+# The fixed positions: no faster version, its own boundary. The modern block's kernels (RMSNorm,
+# RoPE, SwiGLU): checked below, then their fast versions; rope_angles checks its own arguments.
 from .kernels.positional import sinusoidal_positions
-from .kernels.rmsnorm import rmsnorm_backward, rmsnorm_forward
-from .kernels.rope import rope_angles, rope_backward, rope_forward
-from .kernels.swiglu import swiglu_backward, swiglu_forward
+from .kernels.rope import _check_base, _positions, rope_angles
 
 __all__ = [
     "linear_forward", "linear_backward", "embedding_forward", "embedding_backward",
@@ -318,3 +320,71 @@ def flash_attention_backward(dy, cache, out=None):
     its arguments checked first; ``out=(dq, dk, dv)``: arrays to write into."""
     _attn_checks.check_flash_backward(dy, cache, out)
     return _flash.flash_attention_backward(dy, cache, out)
+
+
+# --- the modern block: RMSNorm, RoPE, SwiGLU, checked once, then fast -----------------------------
+
+def rmsnorm_forward(x, gamma, eps=1e-6):
+    """y = γ ⊙ x · rstd (``tformer.kernels.rmsnorm.rmsnorm_forward``), checked, computed by
+    ``tformer.fast.rmsnorm.rmsnorm_forward``. Returns ``y, cache``."""
+    float_array("x", x, min_ndim=1)
+    C = x.shape[-1]
+    float_array("gamma", gamma, ndim=1)
+    if gamma.shape != (C,):
+        raise ValueError(f"gamma: expected shape ({C},), got {gamma.shape}")
+    same_dtype(x=x, gamma=gamma)
+    if not eps > 0:
+        raise ValueError(f"eps: expected a positive number, got {eps}")
+    return _fast_rms.rmsnorm_forward(x, gamma, eps)
+
+
+def rmsnorm_backward(dy, cache):
+    """(dx, dγ) (``tformer.kernels.rmsnorm.rmsnorm_backward``), checked, fast."""
+    _upstream_shape("dy", dy, cache.x.shape)
+    return _fast_rms.rmsnorm_backward(dy, cache)
+
+
+def rope_forward(x, positions=None, base=10000.0):
+    """y = R(φ) x, pairs of channels rotated by φᵢ = p · base^(−2i/D)
+    (``tformer.kernels.rope.rope_forward``), checked, computed by ``tformer.fast.rope.rope_forward``.
+    ``positions``: ``None`` (0 … T−1), an integer offset o ≥ 0 (o … o+T−1) or a finite ``(T,)``
+    array. Returns ``y, cache``."""
+    float_array("x", x, min_ndim=2)
+    T, D = x.shape[-2:]
+    if D < 2 or D % 2:
+        raise ValueError(f"x: expected an even last axis D (pairs of channels), got shape {x.shape}")
+    positions = _positions(positions, T)
+    return _fast_rope.rope_forward(x, positions, _check_base(base))
+
+
+def rope_backward(dy, cache, out=None):
+    """dx = R(−φ) dy (``tformer.kernels.rope.rope_backward``), checked, fast. ``out``: an array of
+    dy's shape and dtype to write dx into (it may be ``dy`` itself)."""
+    shape = cache.shape
+    _upstream_shape("dy", dy, shape)
+    if out is not None and (not isinstance(out, np.ndarray) or out.shape != shape or out.dtype != dy.dtype):
+        raise ValueError(f"out: expected a {dy.dtype} array of shape {shape}, got "
+                         f"{getattr(out, 'dtype', type(out).__name__)} {getattr(out, 'shape', '')}")
+    return _fast_rope.rope_backward(dy, cache, out)
+
+
+def swiglu_forward(a, b):
+    """y = silu(a) ⊙ b (``tformer.kernels.swiglu.swiglu_forward``), checked, computed by
+    ``tformer.fast.swiglu.swiglu_forward``. Returns ``y, cache``."""
+    float_array("a", a)
+    float_array("b", b)
+    if a.shape != b.shape:
+        raise ValueError(f"b: expected the shape of a, {a.shape}, got {b.shape}")
+    same_dtype(a=a, b=b)
+    return _fast_swiglu.swiglu_forward(a, b)
+
+
+def swiglu_backward(dy, cache, out=None):
+    """(da, db) (``tformer.kernels.swiglu.swiglu_backward``), checked, fast. ``out=(da, db)``: two
+    arrays of a's shape and dtype to write the gradients into (neither may overlap ``dy``)."""
+    a = cache.a
+    _upstream_shape("dy", dy, a.shape)
+    if out is not None and (len(out) != 2 or any(
+            not isinstance(o, np.ndarray) or o.shape != a.shape or o.dtype != a.dtype for o in out)):
+        raise ValueError(f"out: expected two {a.dtype} arrays (da, db) of shape {a.shape}")
+    return _fast_swiglu.swiglu_backward(dy, cache, out)

@@ -6,8 +6,9 @@ Each wraps one kernel of The modern block the way ``tformer.layers`` wraps the b
 """
 import numpy as np
 
-from . import functional as F
 from .fast import linear as fast_linear
+from .fast import rmsnorm as fast_rmsnorm
+from .fast import swiglu as fast_swiglu
 from .layers import Dropout, Embedding, LayerNorm, Linear, Module, _rng
 
 
@@ -21,11 +22,11 @@ class RMSNorm(Module):
         self._cache = None
 
     def forward(self, x):
-        y, self._cache = F.rmsnorm_forward(x, self.gamma, self.eps)
+        y, self._cache = fast_rmsnorm.rmsnorm_forward(x, self.gamma, self.eps)
         return y
 
     def backward(self, dy):
-        dx, dgamma = F.rmsnorm_backward(dy, self._cache)
+        dx, dgamma = fast_rmsnorm.rmsnorm_backward(dy, self._cache)
         self.grads["gamma"] += dgamma
         return dx
 
@@ -75,14 +76,14 @@ class SwiGLUFeedForward(Module):
     def forward(self, x):
         """x: (B, T, C) -> (B, T, C)."""
         h = self.fc1(x)                                                   # (B, T, 2 d_ff)
-        g, self._cache = F.swiglu_forward(h[..., :self.d_ff], h[..., self.d_ff:])   # (B, T, d_ff)
+        g, self._cache = fast_swiglu.swiglu_forward(h[..., :self.d_ff], h[..., self.d_ff:])   # (B, T, d_ff)
         return self.fc2(self.drop(g))
 
     def backward(self, dy):
         """dy: (B, T, C) -> dx: (B, T, C); accumulates the gradients of fc1 and fc2."""
         dg = self.drop.backward(self.fc2.backward(dy))                   # (B, T, d_ff)
         dh = np.empty((*dg.shape[:-1], 2 * self.d_ff), dg.dtype)          # (B, T, 2 d_ff)
-        F.swiglu_backward(dg, self._cache, out=(dh[..., :self.d_ff], dh[..., self.d_ff:]))
+        fast_swiglu.swiglu_backward(dg, self._cache, out=(dh[..., :self.d_ff], dh[..., self.d_ff:]))
         return self.fc1.backward(dh)
 
 
