@@ -28,7 +28,8 @@ from .kernels import flash_attention as _flash
 # The fixed positions: no faster version, its own boundary. The modern block's kernels (RMSNorm,
 # RoPE, SwiGLU): checked below, then their fast versions; rope_angles checks its own arguments.
 from .kernels.positional import sinusoidal_positions
-from .kernels.rope import _check_base, _positions, rope_angles
+from .kernels import rope as _rope
+from .kernels.rope import _check_base, _positions
 
 __all__ = [
     "linear_forward", "linear_backward", "embedding_forward", "embedding_backward",
@@ -388,3 +389,10 @@ def swiglu_backward(dy, cache, out=None):
             not isinstance(o, np.ndarray) or o.shape != a.shape or o.dtype != a.dtype for o in out)):
         raise ValueError(f"out: expected two {a.dtype} arrays (da, db) of shape {a.shape}")
     return _fast_swiglu.swiglu_backward(dy, cache, out)
+
+
+def rope_angles(positions, D, base=10000.0):
+    """φ[t, i] = p_t · θ_i,  θ_i = base^(−2i/D),  i = 0 … D/2 − 1 (``tformer.kernels.rope.rope_angles``,
+    which checks D and base). Shapes: ``positions: (T,)`` -> ``(cos φ, sin φ)``, each ``(T, D/2)``
+    float64."""
+    return _rope.rope_angles(positions, D, base)
