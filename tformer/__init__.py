@@ -6,7 +6,9 @@ The package map, bottom to top. A module imports only from its own row or the ro
 - **foundation**: ``_dtypes``, ``_validate``, ``atomic`` (crash-clean files), ``progress``,
   ``rss``, ``source`` (``show_source``), ``gradcheck``, ``parallel`` (the thread pool a kernel
   splits its rows across).
-- **the mathematics**: ``kernels/`` (one equation family per file) → ``functional`` →
+- **the mathematics**: ``kernels/`` (one equation family per file, as the chapters list them)
+  → ``fast/`` (the same equations made fast: threads, buffers, float16/bfloat16, causal tiles;
+  what the layers call) → ``functional`` (``F``: arguments checked once, then the fast version) →
   ``layers``, ``attention``, ``blocks``, ``modern_layers``, ``lora`` → ``models/`` (the systems).
 - **training**: ``optim``, ``schedules``, ``train`` (the one loop), ``checkpoint``, ``runlog``,
   ``lora_file``.
