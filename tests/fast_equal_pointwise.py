@@ -1,5 +1,5 @@
-"""Shared by tests/test_fast_{softmax,activations,layernorm,losses,dropout,embedding}.py: the
-thread-count fixture and the check that a fast kernel equals its reference kernel."""
+"""Shared by tests/test_fast_*.py: the thread-count fixture and the check that a fast kernel equals
+its reference kernel."""
 import numpy as np
 import pytest
 
@@ -16,9 +16,10 @@ def threads(request):
 
 
 def assert_equal_to_kernel(fast, kernel, dtype):
-    """|fast − kernel| ≤ tol · max|kernel|, entry by entry (tol: 1e-12 in float64, 1e-5 in float32)."""
+    """|fast − kernel| ≤ tol · max|kernel|, entry by entry (tol: 1e-12 in float64, 1e-5 in float32),
+    both of shape and dtype alike, the dtype ``dtype``."""
     fast, kernel = np.asarray(fast), np.asarray(kernel)
-    assert fast.shape == kernel.shape and fast.dtype == kernel.dtype
+    assert fast.shape == kernel.shape and fast.dtype == kernel.dtype == np.dtype(dtype)
     scale = max(float(np.abs(kernel).max(initial=0.0)), np.finfo(dtype).tiny)
     err = float(np.abs(fast.astype(np.float64) - kernel.astype(np.float64)).max(initial=0.0))
     assert err <= TOL[dtype] * scale, (err, scale)

@@ -4,27 +4,10 @@ rows), the causal tiles (``is_causal``, several tiles), grouped-query heads (aga
 K and V repeated per query head) and out= buffers."""
 import numpy as np
 import pytest
+from fast_equal_pointwise import assert_equal_to_kernel, threads  # noqa: F401
 
-from tformer import parallel
 from tformer.fast import attention as fast
 from tformer.kernels import attention as ref
-
-TOL = {np.float64: 1e-12, np.float32: 1e-5}
-
-
-@pytest.fixture(params=[1, 2], ids=["1 thread", "2 threads"])
-def threads(request):
-    before = parallel.get_num_threads()
-    parallel.set_num_threads(request.param)
-    yield request.param
-    parallel.set_num_threads(before)
-
-
-def _close(a, b, dtype):
-    assert a.shape == b.shape and a.dtype == dtype
-    scale = max(np.abs(b).max(), 1e-30)
-    assert np.abs(a - b).max() <= TOL[dtype] * scale
-
 
 def _qkv(B, H, H_kv, T, T_k, D, dtype, seed):
     rng = np.random.default_rng(seed)
@@ -40,14 +23,14 @@ def _both(q, k, v, dy, fast_kw, ref_mask, dtype, scale=None):
     kr, vr = np.repeat(k, G, axis=1), np.repeat(v, G, axis=1)     # the kernel has no grouped heads
     y_ref, c_ref = ref.attention_forward(q, kr, vr, ref_mask, scale)
     y, c = fast.attention_forward(q, k, v, scale=scale, **fast_kw)
-    _close(y, y_ref, dtype)
-    _close(c.P, c_ref.P, dtype)
+    assert_equal_to_kernel(y, y_ref, dtype)
+    assert_equal_to_kernel(c.P, c_ref.P, dtype)
     dq, dk, dv = fast.attention_backward(dy, c)
     dq_r, dk_r, dv_r = ref.attention_backward(dy, c_ref)
     B, H_kv, T_k, D = k.shape
-    _close(dq, dq_r, dtype)
-    _close(dk, dk_r.reshape(B, H_kv, G, T_k, D).sum(axis=2), dtype)   # a shared head: the sum
-    _close(dv, dv_r.reshape(B, H_kv, G, T_k, D).sum(axis=2), dtype)
+    assert_equal_to_kernel(dq, dq_r, dtype)
+    assert_equal_to_kernel(dk, dk_r.reshape(B, H_kv, G, T_k, D).sum(axis=2), dtype)   # a shared head: the sum
+    assert_equal_to_kernel(dv, dv_r.reshape(B, H_kv, G, T_k, D).sum(axis=2), dtype)
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -79,9 +62,9 @@ def test_one_sequence_without_batch_axes(threads):
     for kw, mask in (({}, None), ({"is_causal": True}, ref.causal_mask(7))):
         y_ref, c_ref = ref.attention_forward(q, k, v, mask)
         y, c = fast.attention_forward(q, k, v, **kw)
-        _close(y, y_ref, np.float64)
+        assert_equal_to_kernel(y, y_ref, np.float64)
         for g, g_ref in zip(fast.attention_backward(dy, c), ref.attention_backward(dy, c_ref)):
-            _close(g, g_ref, np.float64)
+            assert_equal_to_kernel(g, g_ref, np.float64)
 
 
 def test_out_buffers_equal_the_kernel(threads):
@@ -92,12 +75,12 @@ def test_out_buffers_equal_the_kernel(threads):
     y, c = fast.attention_forward(q, k, v, is_causal=True, out=view)
     y_ref, c_ref = ref.attention_forward(q, k, v, ref.causal_mask(T))
     assert y is view
-    _close(ref.merge_heads(y_ref), merged, np.float64)
+    assert_equal_to_kernel(ref.merge_heads(y_ref), merged, np.float64)
     bufs = tuple(np.empty(a.shape) for a in (q, k, v))
     got = fast.attention_backward(dy, c, out=bufs)
     for g, buf, g_ref in zip(got, bufs, ref.attention_backward(dy, c_ref)):
         assert g is buf
-        _close(g, g_ref, np.float64)
+        assert_equal_to_kernel(g, g_ref, np.float64)
 
 
 def test_split_and_merge_heads_are_inverse_reshapes():

@@ -6,22 +6,14 @@ RoPE, causal tiles, replicas, recomputation; the list is ``tools/listing_report.
 faster versions of these functions live in ``tformer/fast/`` and are listed by the chapters that
 teach what makes them faster. A listing whose stored output differs from the code fails too:
 the page would show code that is no longer the package's."""
-import importlib.util
 from pathlib import Path
 
 import pytest
+from test_listing_report import _tool
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT = 25
 THROUGH = 15
-
-
-def _tool():
-    spec = importlib.util.spec_from_file_location("listing_report",
-                                                  ROOT / "tools" / "listing_report.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").glob("*.ipynb")

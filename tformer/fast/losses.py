@@ -14,17 +14,9 @@ from .._dtypes import is_low
 
 
 def mse_loss(y, target, reduction="mean"):
-    """Squared error in the scalings the sources use.
-
-    ``reduction="mean"`` (the post-LN encoder): L = ‖y − t‖² / N, dL/dy = 2(y − t)/N,
-    N = y.size (B·T·d).
-    ``reduction="half_sum"`` (the two-layer transformer, the single attention layer):
-    L = ½‖y − t‖², dL/dy = y − t.
-    ``reduction="sum"``: L = ‖y − t‖², dL/dy = 2(y − t).
-    Shapes: ``y, target: (...)`` the same  ->  ``(loss: float, dy: like y)``. Empty arrays: 0 for
-    the two sums.
-    float16/bfloat16 input: computed in float32, and ``dy`` is returned in float32 (see
-    ``cross_entropy``).
+    """Squared error (``tformer.kernels.losses.mse_loss``: reductions ``"mean"``, ``"half_sum"``,
+    ``"sum"``), the sum as one ``vdot``. float16/bfloat16 input: computed in float32, and ``dy`` is
+    returned in float32 (see ``cross_entropy``). A non-finite loss raises FloatingPointError.
     """
     if is_low(y.dtype) or is_low(target.dtype):
         return mse_loss(y.astype(np.float32), target.astype(np.float32), reduction)
