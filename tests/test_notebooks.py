@@ -12,6 +12,7 @@ stable number by reading the code; `make test-nbval-other` catches that one.
 import ast
 import importlib.util
 import json
+import os
 import re
 from pathlib import Path
 
@@ -473,13 +474,63 @@ def _other_arithmetic():
 
 
 @pytest.mark.parametrize("native, forced", [
-    ("SapphireRapids", "Sandybridge"), ("SkylakeX", "Sandybridge"), ("Haswell", "Sandybridge"),
-    ("Zen", "Sandybridge"), ("Sandybridge", "Nehalem"), ("Excavator", "Nehalem"),
-    ("Nehalem", "Core2"), ("Penryn", "Prescott"), ("Prescott", None), ("Opteron", None),
-    ("ARMV8", None), ("NeoverseN1", None),
+    ("SapphireRapids", "Haswell"), ("Cooperlake", "Haswell"), ("SkylakeX", "Haswell"),
+    ("Haswell", "Sandybridge"), ("Zen", "Sandybridge"), ("Sandybridge", "Nehalem"),
+    ("Excavator", "Nehalem"), ("Nehalem", "Core2"), ("Penryn", "Prescott"), ("Prescott", None),
+    ("Opteron", None), ("ARMV8", None), ("NeoverseN1", None),
 ])
 def test_other_arithmetic_goes_downward_only(native, forced):
     assert _other_arithmetic().lower_core(native) == forced
+
+
+# NumPy 2.4's x86-64 dispatch targets on an AVX-512 CPU, on an AVX2 one, and an older NumPy's names
+AVX512_TARGETS = ["X86_V3", "X86_V4", "AVX512_ICL", "AVX512_SPR"]
+AVX2_TARGETS = ["X86_V3"]
+OLD_TARGETS = ["SSE41", "SSE42", "AVX", "F16C", "FMA3", "AVX2", "AVX512F", "AVX512_SKX"]
+
+
+@pytest.mark.parametrize("native, dispatched, kept", [
+    ("SapphireRapids", AVX512_TARGETS, ["X86_V3"]),
+    ("SkylakeX", AVX512_TARGETS, ["X86_V3"]),
+    ("SkylakeX", OLD_TARGETS, ["SSE41", "SSE42", "AVX", "F16C", "FMA3", "AVX2"]),
+    ("Zen", AVX2_TARGETS, ["X86_V3"]),
+    ("Haswell", AVX2_TARGETS, ["X86_V3"]),
+    ("Sandybridge", [], []),
+    ("Sandybridge", ["SSE41", "SSE42", "AVX"], ["SSE41", "SSE42"]),
+])
+def test_other_arithmetic_forces_one_encoding(native, dispatched, kept):
+    """The forced pair is VEX with VEX or SSE with SSE: never the SSE/AVX transition penalty."""
+    tool = _other_arithmetic()
+    core = tool.lower_core(native)
+    off = tool.disabled_targets(core, dispatched)
+    assert [t for t in dispatched if t not in off] == kept
+    tool.check_one_encoding(core, kept)                 # raises on a mixed pair
+
+
+@pytest.mark.parametrize("core, dispatched", [
+    ("Sandybridge", []),                     # the old pair on an AVX-512 CPU: AVX BLAS, SSE NumPy
+    ("Haswell", ["SSE41", "SSE42"]),
+    ("Nehalem", ["X86_V3"]),
+    ("Core2", AVX512_TARGETS),
+])
+def test_other_arithmetic_refuses_mixed_encodings(core, dispatched):
+    with pytest.raises(ValueError, match="transition penalty"):
+        _other_arithmetic().check_one_encoding(core, dispatched)
+
+
+def test_other_arithmetic_on_this_machine_is_one_encoding():
+    """What `make test-nbval-other` forces here: one encoding, other last bits, not pathological
+    (choose() raises otherwise), or a stated reason to skip on a CPU with nothing below it."""
+    tool = _other_arithmetic()
+    env, reason, brief = tool.choose(dict(os.environ))
+    if env is None:
+        assert reason and brief is None
+        return
+    core = env["OPENBLAS_CORETYPE"]
+    native = tool.probe({k: v for k, v in os.environ.items() if k not in tool.FORCED_VARS})
+    off = env.get("NPY_DISABLE_CPU_FEATURES", "").split()
+    tool.check_one_encoding(core, [t for t in native["dispatched"] if t not in off])
+    assert tool.core_encoding(core) in brief
 
 
 def test_other_arithmetic_skips_where_it_cannot_force(monkeypatch):
