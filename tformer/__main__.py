@@ -48,6 +48,8 @@ COMMANDS = {
                     "of several vocabulary sizes, in bits per byte (writes a JSON file)"),
     "lora": ("tformer.experiments.lora_experiment", "fine-tuning a Python-trained TinyGPT on Shakespeare: "
              "full, LoRA at several ranks and targets, from scratch (writes a JSON file)"),
+    "scaling-sweep": ("tformer.experiments.scaling_sweep", "IsoFLOP profiles of TinyGPT on all 38 plays: "
+                      "budgets x model sizes, nats/char of the eight plays' validation text (writes a JSON file)"),
     "bench": ("tformer.bench.run", "training and generation against PyTorch (writes a JSON file)"),
 }
 

@@ -1,0 +1,311 @@
+"""``python -m tformer scaling-sweep``: IsoFLOP profiles of TinyGPT on all 38 plays (JSON).
+
+    f(s)  = 6·N_mm(s) + 12·L·T·C          FLOPs per training token of shape s (tformer.bench.flops)
+    N_mm  = L·(4C² + 2C·4C) + C·V         the weights that enter a matrix product (LM head included)
+    D_ij  = C_i / f(s_j)                   tokens of shape s_j at compute budget C_i
+    steps = round(D_ij / (B·T)),   loss = nats per character of the eight plays' validation text
+
+For each compute budget ``C_i`` (``--budgets``, FLOPs) and each of ``--sizes`` shapes around the
+budget's guess of the optimum, one TinyGPT is trained from scratch for the tokens the budget
+buys, with its learning rate on a cosine that ends at its own last step (Hoffmann et al. 2022:
+a schedule longer than the run overstates the loss of the short runs). FLOPs are counted as the
+Performance chapter counts them (``train_step_flops``: forward and backward, every matrix product,
+attention's T² included, elementwise work left out); the seconds of every run are measured too, so
+that the count can be held against the clock (FLOP/s per shape).
+
+**Which shapes.** ``SHAPES`` is a ladder of (layers, width), heads of width 32, each about 1.5×
+the last in N_mm. A budget takes the ``--sizes`` consecutive rungs centred on the rung whose
+tokens per weight D/N_mm is nearest ``PRIOR_TOKENS_PER_PARAM`` (Chinchilla's 20): the profile is
+centred on a guess and spans it by ~1.5^(±sizes/2) in N, so the fit, not the guess, finds the
+minimum.
+
+**Resumable.** Every finished run is appended to ``--out`` at once (``tformer.atomic``: whole file
+or old file, never half). A run is named by its ``key`` (vocabulary, context, batch, shape,
+budget, seed, learning rate); a new start reads the file, checks that the corpus, tokenizer and
+recipe are the ones it holds (else it stops, naming the difference) and skips every key there.
+
+``--plan-only`` measures a few steps of every shape (seconds per step), prints the plan with its
+expected time and exits.
+"""
+import argparse
+import math
+import os
+import time
+
+import numpy as np
+
+from .. import functional as F
+from .. import parallel
+from ..atomic import write_json
+from ..bench.flops import train_step_flops
+from ..models.tinygpt import TinyGPT
+from ..optim import AdamW
+from ..progress import progress
+from ..runs.flags import UsageError, positive_float, positive_int
+from ..schedules import cosine_with_warmup
+from ..train import train
+from .provenance import load_average, now, record
+from .scaling_corpus import prepare
+
+DEFAULT_OUT = "book/data/scaling_sweep.json"
+# (n_layers, d_model): heads of width 32, N_mm growing by about 1.5 per rung.
+SHAPES = ((2, 64), (2, 96), (3, 96), (3, 128), (4, 128), (4, 160), (5, 192), (6, 192),
+          (6, 224), (6, 256), (8, 256))
+HEAD_WIDTH = 32
+PRIOR_TOKENS_PER_PARAM = 20.0
+RECIPE = dict(block_size=128, batch_size=16, lr=2e-3, min_lr_ratio=0.1, warmup_fraction=0.05,
+              beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.1, clip=1.0, dropout=0.0)
+DEFAULT_VOCAB = 1024
+DEFAULT_BUDGETS = (2e12, 6e12, 1.8e13)
+
+
+def shape_name(shape):
+    return f"{shape[0]}x{shape[1]}"
+
+
+def model_config(shape, vocab_size, block_size):
+    """TinyGPT's keywords for ``shape = (n_layers, d_model)``: heads of ``HEAD_WIDTH``, d_ff = 4C."""
+    L, C = shape
+    return dict(n_layers=L, d_model=C, n_heads=max(1, C // HEAD_WIDTH), d_ff=4 * C,
+                vocab_size=vocab_size, max_len=block_size)
+
+
+def weights(shape, vocab_size):
+    """N_mm = L·(4C² + 2C·4C) + C·V: the weights of the matrix products (the N of 6·N·D)."""
+    L, C = shape
+    return L * 12 * C * C + C * vocab_size
+
+
+def flops_per_token(shape, vocab_size, block_size):
+    """f = 6·N_mm + 12·L·T·C: one training step's FLOPs (``train_step_flops``) per token."""
+    cfg = model_config(shape, vocab_size, block_size)
+    return train_step_flops(cfg, 1, block_size) / block_size
+
+
+def shapes_for(budget, vocab_size, block_size, sizes, shapes=SHAPES):
+    """The ``sizes`` consecutive rungs of ``shapes`` centred on the one whose D/N is nearest 20."""
+    ratio = [budget / flops_per_token(s, vocab_size, block_size) / weights(s, vocab_size)
+             for s in shapes]
+    centre = int(np.argmin([abs(math.log(r / PRIOR_TOKENS_PER_PARAM)) for r in ratio]))
+    lo = min(max(0, centre - sizes // 2), max(0, len(shapes) - sizes))
+    return list(shapes[lo:lo + sizes])
+
+
+def run_key(run):
+    """The name of a run: everything that changes what it computes."""
+    L, C = run["shape"]
+    return (f"V{run['vocab_size']}-T{run['block_size']}-B{run['batch_size']}-L{L}-C{C}"
+            f"-budget{run['budget']:.4g}-seed{run['seed']}-lr{run['lr']:g}")
+
+
+def plan(budgets, vocab_sizes, seeds, sizes, recipe=RECIPE, shapes=SHAPES, lr=None):
+    """Every run of the sweep, smallest budget first: ``[dict(key, shape, budget, steps, ...)]``.
+
+    ``steps = max(1, round(C / (f·B·T)))``; ``flops = steps·B·T·f``, the count actually spent."""
+    T, B = recipe["block_size"], recipe["batch_size"]
+    runs = []
+    for budget in sorted(budgets):
+        for V in vocab_sizes:
+            for shape in shapes_for(budget, V, T, sizes, shapes):
+                f = flops_per_token(shape, V, T)
+                steps = max(1, round(budget / (f * B * T)))
+                for seed in seeds:
+                    run = dict(shape=list(shape), vocab_size=V, block_size=T, batch_size=B,
+                               budget=float(budget), seed=seed, lr=lr or recipe["lr"],
+                               n_weights=weights(shape, V), flops_per_token=f, steps=steps,
+                               tokens=steps * B * T, flops=steps * B * T * f)
+                    run["key"] = run_key(run)
+                    runs.append(run)
+    return runs
+
+
+def build(run, recipe=RECIPE):
+    """``(model, optimizer)`` of a run, initial weights from its seed."""
+    model = TinyGPT(**model_config(run["shape"], run["vocab_size"], run["block_size"]),
+                    dropout=recipe["dropout"], seed=run["seed"])
+    opt = AdamW(model, lr=run["lr"], betas=(recipe["beta1"], recipe["beta2"]), eps=recipe["eps"],
+                weight_decay=recipe["weight_decay"])
+    return model, opt
+
+
+def schedule(run, recipe=RECIPE):
+    """lr(step): linear warm-up over 5 % of the run, cosine to a tenth of the peak at its end."""
+    steps = run["steps"]
+    warmup = max(1, round(recipe["warmup_fraction"] * steps))
+    return lambda s: cosine_with_warmup(s, run["lr"], warmup, max(steps, warmup + 1),
+                                        run["lr"] * recipe["min_lr_ratio"])
+
+
+def forward_loss(model, batch):
+    return F.cross_entropy(model.forward(batch[0]), batch[1])
+
+
+def train_run(run, corpus, recipe=RECIPE, on_step=None):
+    """Train one run and measure it: ``run`` plus its losses, seconds and parameters."""
+    from ..data.tokens import TokenData
+    c = corpus.tokens
+    data = TokenData(c.train, c.val, c.token_lengths, run["block_size"], run["batch_size"],
+                     run["seed"])
+    model, opt = build(run, recipe)
+
+    def batch(i):
+        if on_step is not None:
+            on_step()
+        return data.batch(i)
+
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    hist = train(model, opt, batch, forward_loss, run["steps"], clip_norm=recipe["clip"],
+                 lr_schedule=schedule(run, recipe), progress_bar=False)
+    seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - cpu0
+    t1 = time.perf_counter()
+    val = corpus.nats_per_char(model.eval(), run["block_size"])
+    every = max(1, run["steps"] // 50)
+    loss = np.asarray(hist["loss"])
+    return dict(run, val_nats_per_char=val, params=model.num_parameters(),
+                train_loss_last=float(loss[-max(1, run["steps"] // 20):].mean()),
+                train_curve=[[s, round(float(v), 4)] for s, v in zip(hist["step"][::every],
+                                                                     loss[::every])],
+                epochs=run["tokens"] / c.train.size, seconds=seconds, cpu_seconds=cpu_seconds,
+                eval_seconds=time.perf_counter() - t1, gflops_per_s=run["flops"] / seconds / 1e9,
+                gflops_per_cpu_s=run["flops"] / cpu_seconds / 1e9,
+                threads=parallel.get_num_threads(), load_average_after=load_average(),
+                finished=now())
+
+
+def time_steps(shape, vocab_size, recipe=RECIPE, steps=4, seed=0):
+    """Median CPU seconds of one training step of ``shape`` (after one warm-up step): the
+    process's CPU time, which other processes on a shared machine do not inflate as they do
+    the wall clock."""
+    run = dict(shape=list(shape), vocab_size=vocab_size, block_size=recipe["block_size"],
+               batch_size=recipe["batch_size"], seed=seed, lr=recipe["lr"], steps=steps + 1)
+    model, opt = build(run, recipe)
+    rng = np.random.default_rng(seed)
+    T, B = recipe["block_size"], recipe["batch_size"]
+    x = rng.integers(0, vocab_size, (B, T + 1))
+    times = []
+    for _ in range(steps + 1):
+        t = time.process_time()
+        model.zero_grad()
+        _, dlogits = forward_loss(model, (x[:, :-1], x[:, 1:]))
+        model.backward(dlogits)
+        opt.step()
+        times.append(time.process_time() - t)
+    return float(np.median(times[1:]))
+
+
+def print_plan(runs, step_seconds):
+    """The plan, one line per run, and the expected hours (measured seconds per step × steps)."""
+    total = 0.0
+    print(f"{'budget':>9s} {'shape':>6s} {'V':>5s} {'N_mm':>9s} {'tokens':>11s} {'D/N':>7s} "
+          f"{'steps':>7s} {'s/step':>7s} {'minutes':>8s}")
+    for r in runs:
+        s = step_seconds[f"{shape_name(r['shape'])}-V{r['vocab_size']}"]
+        total += s * r["steps"]
+        print(f"{r['budget']:9.3g} {shape_name(r['shape']):>6s} {r['vocab_size']:5d} "
+              f"{r['n_weights']:9,d} {r['tokens']:11,d} {r['tokens'] / r['n_weights']:7.1f} "
+              f"{r['steps']:7d} {s:7.4f} {s * r['steps'] / 60:8.1f}")
+    print(f"{len(runs)} runs, {sum(r['flops'] for r in runs):.3g} FLOPs, expected "
+          f"{total / 3600:.2f} h of training at the measured step times "
+          f"({parallel.get_num_threads()} thread(s))", flush=True)
+    return total
+
+
+def add_arguments(p):
+    """The command's flags."""
+    p.add_argument("--out", default=DEFAULT_OUT, help="the JSON file to write (and to resume)")
+    p.add_argument("--budgets", type=positive_float, nargs="+", default=list(DEFAULT_BUDGETS),
+                   help="compute budgets C in FLOPs, one IsoFLOP profile each")
+    p.add_argument("--sizes", type=positive_int, default=5, help="model shapes per budget")
+    p.add_argument("--vocab-sizes", type=positive_int, nargs="+", default=[DEFAULT_VOCAB],
+                   help="BPE vocabularies V (256: bytes), each trained on the training split")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds, one run per seed")
+    p.add_argument("--shapes", type=parse_shape, nargs="+", default=list(SHAPES),
+                   help="the ladder of shapes LAYERSxWIDTH to choose from (e.g. 4x128)")
+    p.add_argument("--lr", type=positive_float, default=RECIPE["lr"], help="peak learning rate")
+    p.add_argument("--plan-only", action="store_true",
+                   help="time a step of every shape, print the plan and its expected time, exit")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def parse_shape(text):
+    """``"4x128"`` -> ``(4, 128)``: layers × width, the width a multiple of the head width."""
+    try:
+        L, C = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LAYERSxWIDTH such as 4x128, got {text!r}") from None
+    if L < 1 or C < HEAD_WIDTH or C % HEAD_WIDTH:
+        raise argparse.ArgumentTypeError(f"expected ≥ 1 layer and a width that is a multiple of {HEAD_WIDTH}, "
+                         f"got {text!r}")
+    return L, C
+
+
+def check_args(args):
+    """Vocabularies ≥ 256, seeds and vocabularies distinct."""
+    if min(args.vocab_sizes) < 256:
+        raise ValueError(f"--vocab-sizes: expected sizes ≥ 256 (the 256 bytes), got {args.vocab_sizes}")
+    for name in ("vocab_sizes", "seeds", "budgets"):
+        values = getattr(args, name)
+        if len(set(values)) != len(values):
+            raise ValueError(f"--{name.replace('_', '-')}: expected distinct values, got {values}")
+    if args.sizes > len(args.shapes):
+        raise ValueError(f"--sizes: expected at most {len(args.shapes)} (the ladder of --shapes), "
+                         f"got {args.sizes}")
+
+
+def load_previous(path, setup):
+    """The runs already in ``path`` (``{}`` if there is no file); UsageError if its setup differs."""
+    if not os.path.exists(path):
+        return {}
+    import json
+    with open(path, encoding="utf-8") as f:
+        old = json.load(f)
+    for name, value in setup.items():
+        if json.loads(json.dumps(value)) != old.get(name):
+            raise UsageError(f"--out: {path} holds runs of another {name} ({old.get(name)!r}, now "
+                             f"{value!r}); write to another --out or move the file")
+    return {r["key"]: r for r in old.get("runs", [])}
+
+
+def main(args):
+    check_args(args)
+    t_start = time.perf_counter()
+    corpora = {V: prepare(V) for V in args.vocab_sizes}
+    setup = {"recipe": RECIPE, "head_width": HEAD_WIDTH,
+             "corpora": {str(V): c.info for V, c in corpora.items()}}
+    for V, c in corpora.items():
+        i = c.info
+        print(f"V={V}: {i['chars_per_token_train']:.3f} chars/token, {i['train_tokens']:,} training "
+              f"tokens, yardstick {i['yardstick_chars']:,} chars = {i['yardstick_tokens']:,} tokens, "
+              f"BPE trained in {i['bpe_seconds']:.1f} s", flush=True)
+    runs = plan(args.budgets, args.vocab_sizes, args.seeds, args.sizes,
+                shapes=[tuple(s) for s in args.shapes], lr=args.lr)
+    step_seconds = {f"{shape_name(r['shape'])}-V{r['vocab_size']}": None for r in runs}
+    for name in step_seconds:
+        shape, V = name.split("-V")
+        step_seconds[name] = time_steps(tuple(map(int, shape.split("x"))), int(V))
+    expected = print_plan(runs, step_seconds)
+    if args.plan_only:
+        return 0
+    done = load_previous(args.out, setup)
+    todo = [r for r in runs if r["key"] not in done]
+    print(f"{len(done)} runs already in {args.out}; {len(todo)} to go", flush=True)
+    prov = record("scaling-sweep")
+    bar = progress(total=sum(r["steps"] for r in todo), enabled=False if args.no_progress else None,
+                   desc="scaling-sweep")
+    for r in todo:
+        bar.set_description(f"C={r['budget']:.3g} {shape_name(r['shape'])} V={r['vocab_size']}")
+        rec = train_run(r, corpora[r["vocab_size"]], on_step=lambda: bar.update(1))
+        rec["commit"], rec["dirty"] = prov["commit"], prov["dirty"]
+        done[rec["key"]] = rec
+        bar.write(f"{rec['key']}: {rec['val_nats_per_char']:.4f} nats/char, {rec['seconds']:.0f} s, "
+                  f"{rec['gflops_per_s']:.1f} GFLOP/s")
+        write_json(args.out, dict(setup, provenance=prov, plan={"budgets": sorted(args.budgets),
+                                  "sizes": args.sizes, "vocab_sizes": args.vocab_sizes,
+                                  "shapes": [list(s) for s in args.shapes], "lr": args.lr,
+                                  "seeds": args.seeds, "expected_seconds": expected,
+                                  "step_seconds": step_seconds},
+                                  runs=sorted(done.values(), key=lambda x: (x["budget"], x["key"])),
+                                  updated=now()))
+    bar.close()
+    print(f"{len(done)} runs in {args.out}; {time.perf_counter() - t_start:.0f} s", flush=True)
+    return 0
