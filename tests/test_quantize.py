@@ -293,5 +293,6 @@ def test_quantize_command_and_generate(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli(["quantize", ck, "--out", out, "--scheme", "w4"])
     assert "argument --scheme: invalid choice: 'w4'" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="already quantized"):
+    with pytest.raises(SystemExit) as e:             # a usage error, not a traceback
         cli(["quantize", out, "--out", str(tmp_path / "again.npz")])
+    assert e.value.code == 2 and "already quantized" in capsys.readouterr().err

@@ -124,7 +124,19 @@ def _check_flags(parser, args):
     try:
         check(args)
     except ValueError as e:
-        _leaf(parser, args).error(str(e))
+        _leaf(parser, args).error(_one_line(e))
+
+
+def _one_line(e):
+    """An error's message on one line (a usage error is one line of stderr)."""
+    return " ".join(str(e).split("\n"))
+
+
+def _written_as(args, path):
+    """The flags of ``args`` whose value is ``path`` (the output a failed write names)."""
+    flags = [f"--{k.replace('_', '-')}" for k, v in vars(args).items()
+             if isinstance(v, str) and v == path]
+    return ", ".join(flags) or "output"
 
 
 def _leaf(parser, args):
@@ -147,10 +159,13 @@ def main(argv=None):
     from .scaling.mpi import RankError, run_command
     from .train import NonFiniteLossError
     from .runs.flags import UsageError
+    from .atomic import WriteError
     try:
         return run_command(args.func, args, consistent=(RankError, NonFiniteLossError))
     except UsageError as e:                       # bad input found as the command ran
-        _leaf(parser, args).error(str(e))
+        _leaf(parser, args).error(_one_line(e))
+    except WriteError as e:                       # a full disk: the old file is kept
+        _leaf(parser, args).error(f"{_written_as(args, e.filename)}: {_one_line(e)}")
 
 
 if __name__ == "__main__":

@@ -83,29 +83,84 @@ def fsync_folder(folder):
         os.close(fd)
 
 
+class WriteError(OSError):
+    """A file could not be written (a full disk, a folder that is not one or takes no files): its
+    message names the file, the reason, and that the old file, if any, was kept."""
+
+    def __init__(self, path, cause):
+        super().__init__(f"{path!r} could not be written ({cause.strerror or cause}); "
+                         f"{_kept(path)}")
+        self.errno, self.filename = cause.errno, path
+
+
+def _mode(path):
+    """The permission bits the file at ``path`` should get: those of the file it replaces, else
+    what a newly created file gets under this process's umask."""
+    try:
+        return os.stat(path).st_mode & 0o7777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def unwritable(path):
+    """Why ``path`` cannot be written by ``atomic_open``, or None if it can: a folder, a path
+    under a file, a folder that takes no new file (read-only, ``/proc``). Probes the nearest
+    existing folder by creating and removing an empty temporary there; writes nothing else."""
+    path = os.path.abspath(os.fspath(path))
+    if os.path.isdir(path):
+        return "it is a folder"
+    folder = os.path.dirname(path)
+    while not os.path.exists(folder):
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        return f"{folder!r} is a file, not a folder"
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=f"{_prefix(path)}{_host()}{SEP}"
+                                                        f"{os.getpid()}{SEP}")
+    except OSError as e:
+        return f"no file can be created in {folder!r} ({e.strerror})"
+    os.close(fd)
+    os.remove(probe)
+    return None
+
+
+def _kept(path):
+    return "the old file is kept" if os.path.exists(path) else "no file was written"
+
+
 @contextlib.contextmanager
 def atomic_open(path, mode="w", **kwargs):
     """``with atomic_open(path, "w") as f: ...``: ``f`` is a temporary file in ``path``'s folder
     (created if missing). On a clean exit it is flushed, synced and renamed over ``path``, and the
-    folder is synced; on an error it is removed and ``path`` is left as it was. Stale temporaries
-    of ``path`` left by killed writers are removed first (see the module docstring)."""
+    folder is synced; on an error it is removed and ``path`` is left as it was. The new file keeps
+    the mode of the one it replaces (a new one gets the umask's). Stale temporaries of ``path``
+    left by killed writers are removed first (see the module docstring). An ``OSError`` of the
+    file system (a full disk, a path under a file) is raised as ``WriteError`` naming ``path``."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    for stale in stale_temporaries(path):
-        with contextlib.suppress(FileNotFoundError):     # another writer removed it first
-            os.remove(stale)
-    prefix = f"{_prefix(path)}{_host()}{SEP}{os.getpid()}{SEP}"
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=prefix, suffix=os.path.splitext(path)[1])
+    try:
+        os.makedirs(folder, exist_ok=True)
+        for stale in stale_temporaries(path):
+            with contextlib.suppress(FileNotFoundError):     # another writer removed it first
+                os.remove(stale)
+        prefix = f"{_prefix(path)}{_host()}{SEP}{os.getpid()}{SEP}"
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=prefix, suffix=os.path.splitext(path)[1])
+    except OSError as e:
+        raise WriteError(path, e) from e
     try:
         with os.fdopen(fd, mode, **kwargs) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, _mode(path))
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
+        if isinstance(e, OSError) and not isinstance(e, WriteError):
+            raise WriteError(path, e) from e
         raise
     fsync_folder(folder)
 

@@ -52,6 +52,7 @@ chunks through Python's ``surrogateescape``).
 **File.** ``save`` writes JSON atomically: ``{"format", "version", "pattern", "merges"}``; the
 vocabulary is rebuilt from the merges.
 """
+import hashlib
 import heapq
 import json
 import re
@@ -100,6 +101,12 @@ def check_vocab_size(vocab_size):
         raise ValueError(f"vocab_size: expected an integer ≥ 256 (the 256 byte values), "
                          f"got {vocab_size}")
     return int(vocab_size)
+
+
+def most_tokens(text, pattern=PATTERN):
+    """The largest vocabulary BPE can learn from ``text``: the 256 bytes and at most n − 1 merges
+    per distinct chunk of n bytes (after them the chunk is one token)."""
+    return 256 + sum(len(chunk) - 1 for chunk in chunk_counts(text, pattern))
 
 
 def merge_word(word, pair, new_id):
@@ -291,22 +298,49 @@ class BPETokenizer:
         write_json(path, {"format": FORMAT, "version": VERSION, "pattern": self.pattern,
                           "vocab_size": self.vocab_size, "merges": [list(p) for p in self.merges]})
 
+    def fingerprint(self):
+        """SHA-256 (hex) of the pattern and the merges: equal fingerprints, the same tokenizer. A
+        checkpoint records its tokenizer's, so that another tokenizer is refused."""
+        text = json.dumps({"pattern": self.pattern, "merges": [list(p) for p in self.merges]})
+        return hashlib.sha256(text.encode()).hexdigest()
+
     @classmethod
     def load(cls, path):
-        """Read a file that ``save`` wrote; a file of another kind is a ValueError naming it."""
-        with open(path, encoding="utf-8") as f:
-            try:
-                data = json.load(f)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"path: expected a tokenizer's JSON in {path!r}, got invalid JSON "
-                                 f"({e})") from None
+        """Read a file that ``save`` wrote; anything else (another kind of file, bytes that are
+        not UTF-8 JSON, missing or mistyped entries, a pattern that is not a regular expression,
+        nesting too deep to read) is a ValueError naming the file and what is wrong."""
+        where = f"path: expected a tokenizer's JSON in {path!r}, got"
+        with open(path, "rb") as f:
+            raw = f.read()
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{where} bytes that are not UTF-8 text (at byte {e.start})") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where} invalid JSON ({e})") from None
+        except RecursionError:
+            raise ValueError(f"{where} JSON nested too deeply to be a tokenizer") from None
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ValueError(f"path: expected a {FORMAT!r} file in {path!r}, got "
                              f"{data.get('format') if isinstance(data, dict) else type(data).__name__!r}")
         if data.get("version") != VERSION:
             raise ValueError(f"path: expected version {VERSION} of {FORMAT} in {path!r}, "
                              f"got {data.get('version')!r}")
-        tok = cls([tuple(p) if isinstance(p, list) else p for p in data["merges"]], data["pattern"])
+        merges, pattern = data.get("merges"), data.get("pattern")
+        if not isinstance(merges, list) or not all(isinstance(p, list) for p in merges):
+            raise ValueError(f"path: expected 'merges' in {path!r} to be a list of pairs of ids, "
+                             f"got {type(merges).__name__}")
+        if not isinstance(pattern, str):
+            raise ValueError(f"path: expected 'pattern' in {path!r} to be a regular expression "
+                             f"(a string), got {type(pattern).__name__}")
+        try:
+            re.compile(pattern)
+        except (re.error, RecursionError, OverflowError) as e:
+            raise ValueError(f"path: expected 'pattern' in {path!r} to be a regular expression, "
+                             f"got {pattern[:40]!r} ({e})") from None
+        if any(isinstance(i, bool) for p in merges for i in p):
+            raise ValueError(f"path: expected 'merges' in {path!r} to hold ids, got a boolean")
+        tok = cls([tuple(p) for p in merges], pattern)
         if data.get("vocab_size", tok.vocab_size) != tok.vocab_size:
             raise ValueError(f"path: {path!r} says vocab_size {data['vocab_size']}, its merges "
                              f"make {tok.vocab_size}")

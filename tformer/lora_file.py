@@ -32,14 +32,32 @@ def save_adapter(path, model):
     return write_npz(path, arrays)
 
 
+# The entries of an adapter file's meta, and the type each must have.
+META = {"r": int, "alpha": (int, float), "targets": list, "layers": list, "base_fingerprint": str}
+
+
 def read_adapter(path):
     """``(meta, {name: array})`` of the adapter file at ``path``; ValueError naming ``path`` if
-    it is not one (a checkpoint, say)."""
+    it is not one (a checkpoint, say), lacks an entry of its meta or an array of its layers, or
+    holds NaN or infinite numbers."""
     meta, arrays = read_npz(path)
     if meta.get("format") != FORMAT:
         raise ValueError(f"path: {path!r} is not a LoRA adapter file (its meta has format "
                          f"{meta.get('format')!r}, expected {FORMAT!r}); a checkpoint is not one")
-    return meta, {k[5:]: v for k, v in arrays.items() if k.startswith("lora/")}
+    for key, kind in META.items():
+        if not isinstance(meta.get(key), kind) or isinstance(meta.get(key), bool):
+            raise ValueError(f"path: the adapter {path!r} has no valid {key!r} in its meta "
+                             f"(got {meta.get(key)!r:.40})")
+    adapters = {k[5:]: v for k, v in arrays.items() if k.startswith("lora/")}
+    want = {f"{layer}.{m}" for layer in meta["layers"] if isinstance(layer, str) for m in "AB"}
+    if set(adapters) != want:
+        raise ValueError(f"path: the adapter {path!r} holds arrays {sorted(adapters)[:4]}, its "
+                         f"meta's layers need {sorted(want)[:4]}")
+    for name, a in adapters.items():
+        if not np.issubdtype(a.dtype, np.floating) or not np.isfinite(a).all():
+            raise ValueError(f"path: the adapter {path!r} holds NaN, infinite or non-float "
+                             f"values in {name!r}")
+    return meta, adapters
 
 
 def load_adapter(path, model):

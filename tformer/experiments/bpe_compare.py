@@ -18,6 +18,7 @@ The chapter "Tokens: byte-pair encoding by hand" reads the file. On the Shakespe
 The file holds the configuration, the command line, the commit, the machine, the load average, the
 dates and the wall time; it is rewritten (atomically) after every run.
 """
+import argparse
 import hashlib
 import json
 import math
@@ -30,7 +31,7 @@ import numpy as np
 
 from .. import functional as F
 from ..atomic import write_json
-from ..bpe import BPETokenizer
+from ..bpe import BPETokenizer, most_tokens
 from ..data.text import TextData
 from ..data.tokens import TokenData
 from ..models.tinygpt import TinyGPT
@@ -39,6 +40,9 @@ from ..parallel import get_num_threads
 from ..progress import progress
 from .provenance import record
 from ..schedules import cosine_with_warmup
+from ..runs.fits import check_fits
+from ..runs.flags import UsageError, add_flag, heads_divide, text_file
+from ..runs.paths import check_paths
 from ..train import train
 
 DEFAULT_OUT = "book/data/bpe.json"
@@ -51,24 +55,24 @@ def add_arguments(p):
     p.add_argument("--out", default=DEFAULT_OUT, help="the JSON file to write")
     p.add_argument("--text", metavar="FILE", default=None,
                    help="use this file (one document) instead of the Shakespeare corpus")
-    p.add_argument("--vocab-sizes", type=int, nargs="+", default=[256, 512, 1024, 2048],
-                   help="vocabulary sizes V (256: bytes, no merge)")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one run per seed and V")
-    p.add_argument("--d-model", type=int, default=128, help="width C")
-    p.add_argument("--n-heads", type=int, default=4, help="attention heads H")
-    p.add_argument("--n-layers", type=int, default=4, help="blocks")
-    p.add_argument("--max-len", type=int, default=64, help="context length T, in tokens")
-    p.add_argument("--batch-size", type=int, default=12, help="windows per step B")
-    p.add_argument("--steps", type=int, default=1000, help="optimizer steps of every run")
-    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
-    p.add_argument("--min-lr", type=float, default=1e-4, help="learning rate at the last step")
-    p.add_argument("--warmup", type=int, default=100, help="linear warm-up steps")
-    p.add_argument("--beta2", type=float, default=0.99, help="AdamW's β₂ (β₁ = 0.9)")
-    p.add_argument("--weight-decay", type=float, default=0.1, help="λ of AdamW's decoupled decay")
-    p.add_argument("--clip", type=float, default=1.0, help="global gradient-norm clip")
-    p.add_argument("--eval-every", type=int, default=250, help="validation every this many steps")
-    p.add_argument("--eval-windows", type=int, default=64, help="windows of those evaluations")
-    p.add_argument("--val-fraction", type=float, default=0.1, help="held-out tail of each document")
+    add_flag(p, "--vocab-sizes", [256, 512, 1024, 2048], nargs="+",
+             help="vocabulary sizes V (256: bytes, no merge)")
+    add_flag(p, "--seeds", [0, 1, 2], nargs="+", help="one run per seed and V")
+    add_flag(p, "--d-model", 128, "width C")
+    add_flag(p, "--n-heads", 4, "attention heads H")
+    add_flag(p, "--n-layers", 4, "blocks")
+    add_flag(p, "--max-len", 64, "context length T, in tokens")
+    add_flag(p, "--batch-size", 12, "windows per step B")
+    add_flag(p, "--steps", 1000, "optimizer steps of every run")
+    add_flag(p, "--lr", 1e-3, "peak learning rate")
+    add_flag(p, "--min-lr", 1e-4, "learning rate at the last step")
+    add_flag(p, "--warmup", 100, "linear warm-up steps")
+    add_flag(p, "--beta2", 0.99, "AdamW's β₂ (β₁ = 0.9)")
+    add_flag(p, "--weight-decay", 0.1, "λ of AdamW's decoupled decay")
+    add_flag(p, "--clip", 1.0, "global gradient-norm clip")
+    add_flag(p, "--eval-every", 250, "validation every this many steps")
+    add_flag(p, "--eval-windows", 64, "windows of those evaluations")
+    add_flag(p, "--val-fraction", 0.1, "held-out tail of each document")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -93,6 +97,13 @@ def check_args(args):
         raise ValueError(f"--val-fraction: expected a value in (0, 1), got {args.val_fraction}")
     if args.warmup >= args.steps:
         raise ValueError(f"--warmup: expected fewer steps than --steps {args.steps}, got {args.warmup}")
+    heads_divide(args.d_model, args.n_heads)
+    if args.text:
+        text_file(args.text, args.max_len, args.val_fraction)
+    check_paths(inputs=[("--text", args.text)], outputs=[("--out", args.out)])
+    check_fits(argparse.Namespace(**vars(args), d_ff=None, gradient_checkpointing=False,
+                                  blocks_per_segment=1, attention="plain"),
+               vocab_size=max(args.vocab_sizes))
 
 
 def documents(config):
@@ -115,11 +126,20 @@ def prepare(config, docs=None):
     text_data = TextData(docs if docs is not None else documents(config), config["max_len"],
                          config["batch_size"], config["val_fraction"], 0)
     out = {}
+    most = most_tokens(text_data.train.tobytes())
+    if max(config["vocab_sizes"]) > most:
+        raise UsageError(f"--vocab-sizes: expected sizes of at most {most:,} (the 256 bytes and "
+                         f"the {most - 256:,} merges the training split allows), got "
+                         f"{max(config['vocab_sizes']):,}")
     for V in config["vocab_sizes"]:
         t0 = time.perf_counter()
         tokenizer = BPETokenizer.train(text_data.train.tobytes(), V)
         seconds = time.perf_counter() - t0
-        out[V] = (tokenizer, TokenData.encode(text_data, tokenizer), seconds)
+        try:
+            out[V] = (tokenizer, TokenData.encode(text_data, tokenizer), seconds)
+        except ValueError as e:
+            raise UsageError(f"--max-len: expected a window of {config['max_len']} + 2 tokens in "
+                             f"each split at V = {V}, got fewer ({e})") from None
     return text_data, out
 
 

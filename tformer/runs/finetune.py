@@ -11,9 +11,10 @@ merges them (W ← W + s A B) and samples at the base model's speed.
 """
 import os
 
-from ..checkpoint import load_checkpoint, read_checkpoint
-from ..lora import Adapters, apply_lora, fingerprint, merge_lora
-from ..lora_file import load_adapter, save_adapter
+from ..checkpoint import load_checkpoint
+from ..lora import Adapters, apply_lora, fingerprint, resolve_targets
+from ..lora_file import save_adapter
+from .files import MALFORMED, load_adapter_file, read_checkpoint_file
 from .flags import UsageError, positive_float, positive_int
 
 # What --base sets from the base checkpoint's config: the model's shape and block.
@@ -33,35 +34,46 @@ def add_arguments(p):
                    help="train only rank-R LoRA adapters on --lora-targets of the --base model")
     g.add_argument("--lora-alpha", type=positive_float, default=None,
                    help="α of the adapters' scale s = α / R (default R: s = 1)")
-    g.add_argument("--lora-targets", default="attn",
+    g.add_argument("--lora-targets", default=None,
                    help="comma-separated layer names: qkv, o, fc1, fc2, lm_head, or the groups "
-                        "attn (qkv, o), mlp (fc1, fc2), all (every linear layer)")
+                        "attn (qkv, o), mlp (fc1, fc2), all (every linear layer); default attn")
     g.add_argument("--adapter", metavar="FILE", default=None,
                    help="with --lora: where to write the adapter file (default: --checkpoint with "
                         ".adapter.npz)")
 
 
 def check_args(args):
-    """``--lora`` needs ``--base``, fp32 and no ``--zero``; ``--base`` must be a TinyGPT
-    checkpoint, and its shape becomes the run's; the run's ``--checkpoint`` is never the base."""
+    """``--lora`` needs ``--base``, fp32 and no ``--zero``; ``--base`` must be a whole TinyGPT
+    checkpoint of the 256 bytes, and its shape becomes the run's; the run's ``--checkpoint``
+    is never the base."""
     if args.lora is None:
-        for flag, value in (("--lora-alpha", args.lora_alpha), ("--adapter", args.adapter)):
+        for flag, value in (("--lora-alpha", args.lora_alpha), ("--adapter", args.adapter),
+                            ("--lora-targets", args.lora_targets)):
             if value is not None:
                 raise ValueError(f"{flag}: applies to LoRA fine-tuning; expected --lora R too")
+    elif args.lora_targets is None:
+        args.lora_targets = "attn"
     if args.base is None:
         if args.lora is not None:
             raise ValueError(f"--lora: fine-tunes a trained model; expected --base CHECKPOINT, "
                              f"got --lora {args.lora} alone")
         return
     try:
-        config = read_checkpoint(args.base)[0]["config"]
-    except (OSError, ValueError) as e:
-        raise ValueError(f"--base: expected a checkpoint saved by `python -m tformer run tinygpt`, "
-                         f"got {args.base!r}: {str(e).removeprefix('path: ')}") from None
+        meta = read_checkpoint_file("--base", args.base)[0]
+    except UsageError as e:
+        raise ValueError(str(e)) from None
+    config = meta["config"]
     missing = [k for k in SHAPE_FLAGS if k not in config]
     if missing:
         raise ValueError(f"--base: expected a TinyGPT checkpoint, got {args.base!r} (its config "
                          f"lacks {missing})")
+    if config.get("lora"):
+        raise ValueError(f"--base: expected a whole TinyGPT checkpoint, got {args.base!r}: a LoRA "
+                         f"fine-tuning checkpoint (its adapters only)")
+    if config.get("vocab_size", 256) != 256:
+        raise ValueError(f"--base: expected a TinyGPT of the 256 bytes (fine-tuning keeps the "
+                         f"base's vocabulary, and the run reads bytes), got {args.base!r} of "
+                         f"{config.get('vocab_size')} tokens")
     for key, dest in SHAPE_FLAGS.items():
         setattr(args, dest, config[key])
     if args.lora is not None:
@@ -88,7 +100,11 @@ def prepare(args, model):
     optimizer trains: ``model`` itself, or its ``Adapters``."""
     if args.base is None:
         return model
-    load_checkpoint(args.base, model)
+    try:
+        load_checkpoint(args.base, model)
+    except MALFORMED as e:
+        raise UsageError(f"--base: expected a TinyGPT checkpoint, got {args.base!r}: "
+                         f"{str(e).removeprefix('path: ')}") from None
     print(f"base model: {args.base} (fingerprint {fingerprint(model)[:12]})")
     if args.lora is None:
         return model
@@ -97,10 +113,16 @@ def prepare(args, model):
         raise UsageError("--lora: runs in one process (the adapters' gradients are a few "
                          "kilobytes); expected no mpiexec")
     try:
-        layers = apply_lora(model, args.lora, args.lora_alpha, targets(args.lora_targets),
-                            seed=args.seed)
+        paths = resolve_targets(model, targets(args.lora_targets))
     except ValueError as e:
         raise UsageError(f"--lora-targets: {str(e).removeprefix('targets: ')}") from None
+    shapes = {n: p.shape for n, p, _ in model.named_parameters()}
+    most = min((min(shapes[f"{p}.W"]) for p in paths if f"{p}.W" in shapes), default=args.lora)
+    if args.lora > most:
+        raise UsageError(f"--lora: expected a rank of at most {most} (min(C_in, C_out) of the "
+                         f"layers of --lora-targets {args.lora_targets}), got {args.lora}")
+    layers = apply_lora(model, args.lora, args.lora_alpha, targets(args.lora_targets),
+                        seed=args.seed)
     view = Adapters(model)
     print(f"LoRA: r={args.lora}, α={model.lora['alpha']:g} on {len(layers)} layers "
           f"({args.lora_targets}): {view.num_trainable():,} trained parameters of "
@@ -123,13 +145,7 @@ def add_generate_arguments(p):
 
 def load_generate_adapter(args, model):
     """``generate --adapter``: the adapters on ``model`` (the base), merged. UsageError naming
-    ``--adapter`` if the file is not one or was trained on another base model."""
+    ``--adapter`` if the file is not one, is malformed, or was trained on another base model."""
     if getattr(args, "adapter", None) is None:
         return model
-    try:
-        load_adapter(args.adapter, model)
-    except (OSError, ValueError) as e:
-        raise UsageError(f"--adapter: expected a LoRA adapter file trained on --checkpoint "
-                         f"{args.checkpoint!r}, got {args.adapter!r}: "
-                         f"{str(e).removeprefix('path: ')}") from None
-    return merge_lora(model)
+    return load_adapter_file("--adapter", args.adapter, model, "--checkpoint", args.checkpoint)

@@ -2,6 +2,7 @@
 (``tformer.scaling.step_memory``), checked before anything is allocated, and the flags that would make a
 run that does not fit, fit: ``--attention flash``, ``--gradient-checkpointing``, a smaller
 ``--batch-size``.
+The vocabulary counts too (``--bpe V``: the embedding, the LM head and the (B, T, V) logits).
 """
 from ..scaling.step_memory import available_bytes, gib, step_peak_bytes, training_bytes
 
@@ -9,14 +10,15 @@ VOCAB = 256                                                      # bytes are Tin
 
 
 def run_bytes(args, **change):
-    """Predicted peak of a ``run tinygpt`` with ``args`` (some changed): one step's peak plus
-    the parameters, gradients and AdamW moments, in float32."""
+    """Predicted peak of a ``run tinygpt`` with ``args`` (some changed; ``vocab_size`` default
+    256): one step's peak plus the parameters, gradients and AdamW moments, in float32."""
     a = {**vars(args), **change}
+    V = a.get("vocab_size") or VOCAB
     C, L, T, H = a["d_model"], a["n_layers"], a["max_len"], a["n_heads"]
     d_ff = a["d_ff"] or 4 * C
     k = a["blocks_per_segment"] if a["gradient_checkpointing"] else 0
-    params = L * (4 * C * C + 2 * C * d_ff + 9 * C + d_ff) + (VOCAB + T) * C + C * VOCAB
-    return (step_peak_bytes(a["batch_size"], T, C, H, d_ff, L, VOCAB, k, a["attention"])
+    params = L * (4 * C * C + 2 * C * d_ff + 9 * C + d_ff) + (V + T) * C + C * V
+    return (step_peak_bytes(a["batch_size"], T, C, H, d_ff, L, V, k, a["attention"])
             + training_bytes(params))
 
 
@@ -30,8 +32,11 @@ def largest_batch(args, available, **change):
     return lo or None
 
 
-def check_fits(args, available=None):
-    """ValueError naming the flags if the predicted peak exceeds the memory available now."""
+def check_fits(args, available=None, vocab_size=VOCAB):
+    """ValueError naming the flags if the predicted peak exceeds the memory available now (a
+    vocabulary of ``vocab_size`` tokens)."""
+    from argparse import Namespace
+    args = Namespace(**{**vars(args), "vocab_size": vocab_size})
     available = available_bytes() if available is None else available
     need = run_bytes(args)
     if available is None or need <= available:
@@ -60,4 +65,4 @@ def check_fits(args, available=None):
                      f"step_memory) fits in the "
                      f"{gib(available)} available, got {gib(need)} for B={args.batch_size}, "
                      f"T={args.max_len}, C={args.d_model}, L={args.n_layers}, "
-                     f"{args.attention} attention; {fix}")
+                     f"V={vocab_size}, {args.attention} attention; {fix}")

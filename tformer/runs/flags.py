@@ -59,6 +59,99 @@ def at_least_two(text):
     return _number(text, int, "an integer ≥ 2", lambda v: v >= 2)
 
 
+def share(text):
+    """A share held out, strictly between 0 and 1 (``--val-fraction``)."""
+    return _number(text, float, "a share in (0, 1)", lambda v: 0 < v < 1)
+
+
+def top_p(text):
+    """The mass p of the nucleus: a number in (0, 1] (1 keeps every token)."""
+    return _number(text, float, "a probability mass in (0, 1]", lambda v: 0 < v <= 1)
+
+
+# The most tokens one command writes in one go: the sequence it holds (int64 ids, and the text
+# it prints) stays in the megabytes.
+MAX_NEW_TOKENS = 1_000_000
+
+
+def new_tokens(text):
+    """Tokens to generate: an integer from 0 to ``MAX_NEW_TOKENS``."""
+    return _number(text, int, f"an integer from 0 to {MAX_NEW_TOKENS:,} (the tokens a command "
+                              f"holds in memory and prints at once)", lambda v: 0 <= v <= MAX_NEW_TOKENS)
+
+
+def bpe_vocab(text):
+    """``--bpe V``: at least the 256 bytes and one merge."""
+    return _number(text, int, "a vocabulary of at least 256 tokens (the bytes) and one merge, "
+                              "V ≥ 257", lambda v: v >= 257)
+
+
+def vocab_sizes(text):
+    """An entry of ``--vocab-sizes``: 256 (the bytes, no merge) or more."""
+    return _number(text, int, "sizes ≥ 256 (the 256 bytes)", lambda v: v >= 256)
+
+
+def utf8_text(text):
+    """Text that has a UTF-8 encoding (bytes of the command line that are not UTF-8 reach Python
+    as lone surrogates: refused)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise argparse.ArgumentTypeError(f"expected UTF-8 text, got a byte that is not UTF-8 at "
+                                         f"character {e.start} of {text!r}") from None
+    return text
+
+
+def temperatures(text):
+    """Comma-separated sampling temperatures, each a finite number ≥ 0 (an empty list: no
+    samples); returns the list of floats."""
+    out = []
+    for part in (t.strip() for t in text.split(",")):
+        if part:
+            out.append(_number(part, float, f"comma-separated finite numbers ≥ 0 (in {text!r})",
+                               lambda v: math.isfinite(v) and v >= 0))
+    return out
+
+
+# The one table of the flags that the run commands and the experiments share: each flag's type
+# (its check, at parse time) and its usual help. ``add_flag(p, "--d-model", 64)`` declares one.
+FLAGS = {
+    "--d-model": (positive_int, "width C"),
+    "--n-heads": (positive_int, "attention heads H"),
+    "--n-layers": (positive_int, "blocks"),
+    "--n-kv-heads": (positive_int, "key/value heads of grouped-query attention"),
+    "--max-len": (positive_int, "context length T"),
+    "--batch-size": (positive_int, "windows per step B"),
+    "--steps": (positive_int, "optimizer steps"),
+    "--lr": (nonnegative_float, "peak learning rate"),
+    "--high-lr": (nonnegative_float, "a higher peak learning rate"),
+    "--min-lr": (nonnegative_float, "learning rate at the end of the cosine"),
+    "--min-lr-ratio": (nonnegative_float, "final learning rate / peak"),
+    "--warmup": (nonnegative_int, "linear warm-up steps"),
+    "--beta2": (probability, "AdamW's β₂"),
+    "--weight-decay": (nonnegative_float, "λ of AdamW's decoupled decay"),
+    "--clip": (nonnegative_float, "global gradient-norm clip (0: off)"),
+    "--eval-every": (nonnegative_int, "evaluate every this many steps"),
+    "--eval-windows": (positive_int, "windows of each evaluation"),
+    "--val-fraction": (share, "held-out tail of each document"),
+    "--seed": (nonnegative_int, "seed"),
+    "--seeds": (nonnegative_int, "one run per seed"),
+    "--vocab-sizes": (vocab_sizes, "vocabulary sizes V"),
+    "--time-rounds": (positive_int, "interleaved rounds of the timing"),
+    "--reps": (positive_int, "timed repetitions"),
+    "--lengths": (positive_int, "sequence lengths"),
+    "--max-new-tokens": (new_tokens, "tokens to generate"),
+    "--sample-tokens": (new_tokens, "tokens per sample"),
+    "--gen-tokens": (new_tokens, "tokens generated to time generation"),
+}
+
+
+def add_flag(p, flag, default, help=None, **kwargs):
+    """Declare ``flag`` on parser (or group) ``p`` with the type of ``FLAGS``."""
+    kind, usual = FLAGS[flag]
+    return p.add_argument(flag, type=kind, default=default, help=help or usual, **kwargs)
+
+
 def heads_divide(d_model, n_heads, d_flag="--d-model", h_flag="--n-heads", even=False):
     """``check_args`` helper: H divides C (and C/H, the sin/cos pairs of C, is even when asked)."""
     if d_model % n_heads:

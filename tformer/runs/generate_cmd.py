@@ -7,55 +7,33 @@ the output with it.
 """
 import sys
 
-from ..bpe import BPETokenizer
-from ..checkpoint import read_checkpoint
 from ..data.text import decode, encode
 from ..generate import sample
-from ..models.tinygpt import TinyGPT
-from ..scaling.quantize import load_model
 from . import finetune
 from .tinygpt import DEFAULT_CHECKPOINT
-from .flags import UsageError, nonnegative_float, nonnegative_int
-
-_MODEL_KEYS = ("d_model", "n_heads", "n_layers", "max_len", "vocab_size", "d_ff", "dropout", "dtype")
-# The modern block's keywords. A checkpoint saved before they existed lacks them: it is
-# TinyGPT's own block, their defaults.
-_MODERN_DEFAULTS = {"norm": "layernorm", "positions": "learned", "mlp": "gelu", "tie_embeddings": False,
-                    "norm_position": "pre"}
+from .files import load_tinygpt  # noqa: F401  (rebuilds a TinyGPT from its checkpoint)
+from .files import check_tokenizer, load_tinygpt_file, load_tokenizer_file
+from .flags import (MAX_NEW_TOKENS, UsageError, new_tokens, nonnegative_float, nonnegative_int,
+                    positive_int, top_p, utf8_text)
 
 
 def add_arguments(p):
     """The generate command's flags."""
     p.add_argument("--checkpoint", default=DEFAULT_CHECKPOINT,
                    help="a checkpoint saved by `python -m tformer run tinygpt`")
-    p.add_argument("--prompt", default="def ", help="text to continue")
-    p.add_argument("--max-new-tokens", type=nonnegative_int, default=200, help="bytes to generate")
+    p.add_argument("--prompt", type=utf8_text, default="def ", help="text to continue")
+    p.add_argument("--max-new-tokens", type=new_tokens, default=200,
+                   help=f"tokens to generate (at most {MAX_NEW_TOKENS:,}: what the command holds "
+                        f"and prints at once)")
     p.add_argument("--temperature", type=nonnegative_float, default=0.8, help="0 = greedy; > 1 flatter, < 1 sharper")
-    p.add_argument("--top-k", type=int, default=None, help="sample only from the k most likely bytes")
-    p.add_argument("--top-p", type=float, default=None, help="sample only from the nucleus of mass p")
-    p.add_argument("--seed", type=int, default=0, help="seed of the draws: the same seed, the same text")
+    p.add_argument("--top-k", type=positive_int, default=None, help="sample only from the k most likely bytes")
+    p.add_argument("--top-p", type=top_p, default=None, help="sample only from the nucleus of mass p, in (0, 1]")
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the draws: the same seed, the same text")
     p.add_argument("--no-cache", action="store_true", help="recompute everything at every step")
     p.add_argument("--tokenizer", metavar="FILE", default=None,
                    help="the BPE tokenizer a model trained on tokens was trained with "
                         "(run tinygpt --bpe V saves it beside the checkpoint)")
     finetune.add_generate_arguments(p)
-
-
-def load_tinygpt(path):
-    """Rebuild the TinyGPT stored in ``path`` and load its weights; returns ``(model, meta)``."""
-    meta = read_checkpoint(path)[0]
-    config = meta["config"]
-    missing = [k for k in _MODEL_KEYS if k not in config]
-    if missing:
-        raise ValueError(f"checkpoint {path!r}: its config lacks {missing}; was it saved from a TinyGPT?")
-    modern = {k: config.get(k, default) for k, default in _MODERN_DEFAULTS.items()}
-    modern["n_kv_heads"] = config.get("n_kv_heads", config["n_heads"])
-    modern["attention"] = config.get("attention", "plain")            # the online softmax's kernel choice
-    model = TinyGPT(**{k: config[k] for k in _MODEL_KEYS}, **modern)
-    # The model is built from the stored config; an older one is compared on the keys it has.
-    older = any(k not in config for k in modern)
-    meta = load_model(path, model, config={k: model.config.get(k) for k in config} if older else None)
-    return model, meta
 
 
 def check_args(args):
@@ -65,34 +43,30 @@ def check_args(args):
 
 
 def main(args):
-    try:
-        model, meta = load_tinygpt(args.checkpoint)
-    except (OSError, ValueError) as e:                   # missing, not a checkpoint, not TinyGPT's
-        raise UsageError(f"--checkpoint: expected a checkpoint saved by `python -m tformer run "
-                         f"tinygpt`, got {args.checkpoint!r}: {str(e).removeprefix('path: ')}") from None
+    model, meta = load_tinygpt_file("--checkpoint", args.checkpoint)
     model = finetune.load_generate_adapter(args, model)     # --adapter: LoRA, merged
-    to_ids, to_text = _codec(args.tokenizer, model.config["vocab_size"])
+    to_ids, to_text = _codec(args.tokenizer, model.config["vocab_size"], meta, args.checkpoint)
     prompt = to_ids(args.prompt)
+    if prompt.size == 0:
+        raise UsageError(f"--prompt: expected text that makes at least one token, got {args.prompt!r}")
     out = sample(model, prompt[None, :], args.max_new_tokens, temperature=args.temperature,
                  top_k=args.top_k, top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache)
     sys.stdout.write(to_text(out[0]) + "\n")
     return 0
 
 
-def _codec(path, vocab_size):
+def _codec(path, vocab_size, meta=None, checkpoint=None):
     """``(encode, decode)``: bytes for a byte model, else the BPE tokenizer at ``path``, whose
-    vocabulary must be the model's."""
+    vocabulary must be the model's, and which must be the one the checkpoint records."""
     if path is None:
         if vocab_size != 256:
             raise UsageError(f"--tokenizer: the model reads {vocab_size} tokens, not the 256 "
                              f"bytes; expected the tokenizer it was trained with, got none")
         return encode, decode
-    try:
-        tokenizer = BPETokenizer.load(path)
-    except (OSError, ValueError) as e:
-        raise UsageError(f"--tokenizer: expected a tokenizer file saved by run tinygpt --bpe, "
-                         f"got {path!r}: {str(e).removeprefix('path: ')}") from None
+    tokenizer = load_tokenizer_file("--tokenizer", path)
     if tokenizer.vocab_size != vocab_size:
         raise UsageError(f"--tokenizer: expected a tokenizer of the model's {vocab_size} tokens, "
                          f"got {tokenizer.vocab_size} in {path!r}")
+    if meta is not None:
+        check_tokenizer(meta, tokenizer, "--tokenizer", path, "--checkpoint", checkpoint)
     return tokenizer.encode, tokenizer.decode

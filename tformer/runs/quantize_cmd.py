@@ -18,6 +18,11 @@ from ..generate import sample
 from ..models.tinygpt import TinyGPT
 from ..models.transformer import Transformer
 from ..scaling.quantize import SCHEMES, quantize_model, save_quantized
+from .files import MALFORMED, read_checkpoint_file
+from .flags import UsageError, new_tokens, positive_int
+from .paths import check_paths
+
+EXPECTED = "a float checkpoint saved by `python -m tformer run tinygpt` or `run transformer`"
 
 
 def add_arguments(p):
@@ -26,9 +31,19 @@ def add_arguments(p):
     p.add_argument("--out", required=True, help="where to write the quantized checkpoint")
     p.add_argument("--scheme", choices=SCHEMES, default="w8",
                    help="w8: int8 weights; w8a8: int8 weights and per-token int8 activations")
-    p.add_argument("--eval-windows", type=int, default=None,
+    p.add_argument("--eval-windows", type=positive_int, default=None,
                    help="TinyGPT: validation windows to score (default: as many as the run used)")
-    p.add_argument("--gen-tokens", type=int, default=64, help="TinyGPT: bytes generated to time generation")
+    p.add_argument("--gen-tokens", type=new_tokens, default=64,
+                   help="TinyGPT: bytes generated to time generation")
+
+
+def check_args(args):
+    """``--out`` is neither the checkpoint read nor unwritable; the checkpoint is a float one."""
+    check_paths(inputs=[("CHECKPOINT", args.checkpoint)], outputs=[("--out", args.out)])
+    try:
+        read_checkpoint_file("CHECKPOINT", args.checkpoint, EXPECTED)
+    except UsageError as e:
+        raise ValueError(str(e)) from None
 
 
 def model_from_config(config):
@@ -45,6 +60,7 @@ def load_float(path):
         raise ValueError(f"checkpoint: {path!r} is already quantized ({meta['quantized']['scheme']})")
     model = model_from_config(meta["config"])
     return model, load_checkpoint(path, model)
+
 
 
 def float32_weights_bytes(model):
@@ -78,18 +94,43 @@ def tokens_per_second(model, n_tokens, prompt="def ", seed=0):
     return n_tokens / (time.perf_counter() - t)
 
 
+def _inputs(args):
+    """``(model, meta, windows, quantized model)``: everything read and built before ``--out``
+    is written; a UsageError naming what is wrong."""
+    try:
+        model, meta = load_float(args.checkpoint)
+        qmodel = quantize_model(load_float(args.checkpoint)[0], args.scheme)
+    except MALFORMED as e:
+        raise UsageError(f"CHECKPOINT: expected {EXPECTED}, got {args.checkpoint!r}: "
+                         f"{str(e).removeprefix('path: ')}") from None
+    windows = None
+    if _scored(model):
+        try:
+            windows = tinygpt_val_data(meta, args.eval_windows)
+        except MALFORMED as e:
+            raise UsageError(f"CHECKPOINT: expected the text {args.checkpoint!r} was trained on "
+                             f"to be readable, as it was: {e}") from None
+    return model, meta, windows, qmodel
+
+
+def _scored(model):
+    """Whether the validation bytes and generation are measured: a TinyGPT of the 256 bytes (a
+    model of BPE tokens gets its size measured only)."""
+    return isinstance(model, TinyGPT) and model.config.get("vocab_size") == 256
+
+
 def main(args):
-    model, meta = load_float(args.checkpoint)
+    model, meta, windows, qmodel = _inputs(args)
     f32_bytes = float32_weights_bytes(model)
     ckpt_bytes = os.path.getsize(args.checkpoint)
-    is_gpt = isinstance(model, TinyGPT)
+    is_gpt = _scored(model)
     if is_gpt:
-        windows = tinygpt_val_data(meta, args.eval_windows)
         bpb_f = val_bpb(model, windows)
         tps_f = tokens_per_second(model, args.gen_tokens)
-    qmodel = quantize_model(load_float(args.checkpoint)[0], args.scheme)
-    save_quantized(args.out, qmodel, meta.get("step", 0), extra={
-        "source": os.path.basename(args.checkpoint), "float32_weights_bytes": f32_bytes})
+    extra = {"source": os.path.basename(args.checkpoint), "float32_weights_bytes": f32_bytes}
+    if "tokenizer" in (meta.get("extra") or {}):
+        extra["tokenizer"] = meta["extra"]["tokenizer"]
+    save_quantized(args.out, qmodel, meta.get("step", 0), extra=extra)
     q_bytes = os.path.getsize(args.out)
     print(f"{args.scheme}: {args.out} is {q_bytes:,} bytes: {100 * q_bytes / f32_bytes:.1f}% of the "
           f"float32 weights ({f32_bytes:,} bytes), {100 * q_bytes / ckpt_bytes:.1f}% of the training "

@@ -26,7 +26,7 @@ import os
 import time
 
 from .. import functional as F
-from ..bpe import BPETokenizer
+from ..bpe import BPETokenizer, most_tokens
 from ..checkpoint import load_checkpoint, save_checkpoint
 from ..data.shakespeare import shakespeare_data
 from ..data.text import TextData, bits_per_byte, decode, encode, evaluate_loss, unigram_cross_entropy
@@ -39,8 +39,12 @@ from ..scaling.precision import PRECISIONS, precision_policy
 from ..train import train
 from . import finetune
 from .fits import check_fits
-from .flags import (heads_divide, nonnegative_float, nonnegative_int, positive_float,
-                    positive_int, probability, resumed_steps, text_file)
+from .files import (MALFORMED, check_tokenizer, load_tokenizer_file, read_checkpoint_file,
+                    tokenizer_record)
+from .flags import (UsageError, bpe_vocab, heads_divide, new_tokens, nonnegative_float,
+                    nonnegative_int, positive_float, positive_int, probability, resumed_steps,
+                    temperatures, text_file, utf8_text)
+from .paths import check_paths
 
 DEFAULT_CHECKPOINT = "checkpoints/tinygpt.npz"
 DEFAULT_PROMPT = "def "
@@ -60,9 +64,10 @@ def add_arguments(p):
     g.add_argument("--val-fraction", type=probability, default=0.1, help="share of each document held out")
     g.add_argument("--eval-windows", type=positive_int, default=128,
                    help="fixed windows of each split used to measure train/val loss")
-    g.add_argument("--bpe", type=positive_int, default=None, metavar="V",
-                   help="train a byte-level BPE tokenizer of V ≥ 256 tokens on the training split "
-                        "and TinyGPT on its tokens (T then counts tokens); it is saved to --tokenizer")
+    g.add_argument("--bpe", type=bpe_vocab, default=None, metavar="V",
+                   help="train a byte-level BPE tokenizer of V ≥ 257 tokens on the training split "
+                        "and TinyGPT on its tokens (T then counts tokens); it is saved to --tokenizer. "
+                        "At most 256 + the merges the training split allows")
     g.add_argument("--tokenizer", metavar="FILE", default=None,
                    help="with --bpe: where to save the tokenizer (default: the checkpoint's path "
                         "+ .tokenizer.json); alone: train on the tokens of this saved tokenizer")
@@ -115,18 +120,21 @@ def add_arguments(p):
                    help="fp16: initial loss scale S of the dynamic loss scaler")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g = p.add_argument_group("samples")
-    g.add_argument("--prompt", default=None,
+    g.add_argument("--prompt", type=utf8_text, default=None,
                    help="prompt of the printed samples (default: 'def ' for --corpus python, "
                         "'ROMEO:\\n' for shakespeare)")
-    g.add_argument("--sample-tokens", type=positive_int, default=200, help="bytes per sample")
-    g.add_argument("--temperatures", default="0.7,0.8,1.0", help="comma-separated temperatures")
+    g.add_argument("--sample-tokens", type=new_tokens, default=200, help="bytes per sample")
+    g.add_argument("--temperatures", type=temperatures, default="0.7,0.8,1.0",
+                   help="comma-separated temperatures (each ≥ 0)")
     finetune.add_arguments(p)
 
 
 def check_args(args):
-    """The flags that must agree (ValueError naming them): ``--n-heads`` divides ``--d-model``,
-    ``--n-kv-heads`` divides ``--n-heads``, ``--val-fraction`` holds something out, ``--text`` is
-    a file long enough for ``--max-len``, and the run fits in memory (``tformer.runs.fits``)."""
+    """The flags that must agree, and the files (ValueError naming them): ``--n-heads`` divides
+    ``--d-model``, ``--n-kv-heads`` divides ``--n-heads``, ``--val-fraction`` holds something out,
+    ``--text`` is a file long enough for ``--max-len``, ``--tokenizer`` and ``--resume``'s
+    checkpoint are well formed, no output is an input or another output and every output can be
+    written, and the run fits in memory (``tformer.runs.fits``)."""
     finetune.check_args(args)                  # --base sets the model's shape: first
     heads_divide(args.d_model, args.n_heads)
     if args.n_kv_heads is not None and args.n_heads % args.n_kv_heads:
@@ -134,20 +142,36 @@ def check_args(args):
                          f"got {args.n_kv_heads}")
     if args.val_fraction <= 0:
         raise ValueError(f"--val-fraction: expected a share in (0, 1), got {args.val_fraction}")
+    if args.min_lr > args.lr:
+        raise ValueError(f"--min-lr: expected at most --lr = {args.lr:g} (the cosine decays from "
+                         f"--lr to --min-lr), got {args.min_lr:g}")
     if args.text:
         text_file(args.text, args.max_len, args.val_fraction)
-    check_fits(args)
     if args.text and args.corpus != "python":
         raise ValueError(f"--text: trains on a file instead of a corpus; expected no --corpus, "
                          f"got --corpus {args.corpus}")
-    if args.bpe is not None and args.bpe < 256:
-        raise ValueError(f"--bpe: expected a vocabulary of at least 256 tokens (the bytes), got {args.bpe}")
     if args.bpe is None and args.tokenizer and not os.path.isfile(args.tokenizer):
         raise ValueError(f"--tokenizer: expected a tokenizer file (or --bpe V to train one), "
                          f"got no such file {args.tokenizer!r}")
     if (args.bpe or args.tokenizer) and getattr(args, "base", None):
         raise ValueError("--bpe, --tokenizer: a fine-tuned --base model keeps its own vocabulary; "
                          "expected neither with --base")
+    args.tokenizer_out = None
+    if args.bpe is not None:
+        args.tokenizer_out = args.tokenizer or f"{os.path.splitext(args.checkpoint)[0]}.tokenizer.json"
+    check_paths(inputs=[("--text", args.text), ("--base", getattr(args, "base", None)),
+                        ("--tokenizer", args.tokenizer if args.bpe is None else None)],
+                outputs=[("--checkpoint", args.checkpoint),
+                         ("--adapter", args.adapter if args.lora is not None else None),
+                         ("--tokenizer", args.tokenizer_out), ("--log", getattr(args, "log", None))])
+    args.loaded_tokenizer = None
+    if args.bpe is None and args.tokenizer:
+        args.loaded_tokenizer = load_tokenizer_file("--tokenizer", args.tokenizer)
+    if args.resume and os.path.exists(args.checkpoint):
+        read_checkpoint_file("--checkpoint", args.checkpoint,
+                             f"a checkpoint of this run to --resume (saved by `python -m "
+                             f"tformer run tinygpt` with the same flags)")
+    check_fits(args, vocab_size=args.loaded_tokenizer.vocab_size if args.loaded_tokenizer else 256)
 
 
 def _data(args):
@@ -159,18 +183,30 @@ def _data(args):
 
 
 def _tokenize(args, data):
-    """``(data, tokenizer)``: with ``--bpe`` or ``--tokenizer``, the splits as BPE token ids."""
+    """``(data, tokenizer)``: with ``--bpe`` or ``--tokenizer``, the splits as BPE token ids.
+    Nothing is saved here: ``--bpe``'s tokenizer is written once every input is checked."""
     if args.bpe is None and not args.tokenizer:
         return data, None
     if args.bpe is None:
-        tokenizer = BPETokenizer.load(args.tokenizer)
+        tokenizer = args.loaded_tokenizer
     else:
+        most = most_tokens(data.train.tobytes())
+        if args.bpe > most:
+            raise UsageError(f"--bpe: expected at most {most:,} tokens (the 256 bytes and the "
+                             f"{most - 256:,} merges the training split allows), got {args.bpe:,}")
         tokenizer = BPETokenizer.train(data.train.tobytes(), args.bpe)
-        path = args.tokenizer or f"{os.path.splitext(args.checkpoint)[0]}.tokenizer.json"
-        if get_world().is_root:
-            tokenizer.save(path)
-        print(f"tokenizer: {tokenizer.vocab_size} tokens trained on the training split, saved to {path}")
-    tokens = TokenData.encode(data, tokenizer)
+        print(f"tokenizer: {tokenizer.vocab_size} tokens trained on the training split"
+              + (f" (--bpe {args.bpe}: no pair was left to merge)" if tokenizer.vocab_size < args.bpe
+                 else ""))
+    try:
+        check_fits(args, vocab_size=tokenizer.vocab_size)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    try:
+        tokens = TokenData.encode(data, tokenizer)
+    except ValueError as e:
+        raise UsageError(f"--max-len: expected a window of {args.max_len} + 2 tokens in each "
+                         f"split of the text in tokens, got fewer ({e})") from None
     print(f"tokens: {tokens.train.size:,} train, {tokens.val.size:,} val, "
           f"{tokens.bytes_per_token():.3f} bytes/token (a window of T tokens spans "
           f"{args.max_len * tokens.bytes_per_token():.0f} bytes)")
@@ -195,8 +231,9 @@ def forward_loss(model, batch):
     return F.cross_entropy(model.forward(x), y)
 
 
-def _resume(args, model, opt, dp, world, precision=None):
-    """Load ``--checkpoint`` into model and optimizer if it exists (on every rank alike); the step."""
+def _resume(args, model, opt, dp, world, precision=None, tokenizer=None):
+    """Load ``--checkpoint`` into model and optimizer if it exists (on every rank alike); the step.
+    A checkpoint of another run (another size, command, tokenizer) is a UsageError."""
     with world.together("--resume"):
         exists = os.path.exists(args.checkpoint)
     if len(set(world.allgather_object(exists))) > 1:
@@ -205,10 +242,18 @@ def _resume(args, model, opt, dp, world, precision=None):
     if not exists:
         print(f"no checkpoint at {args.checkpoint}: starting at step 0")
         return 0
-    if dp is not None:
-        meta = dp.load_checkpoint(args.checkpoint, model, opt, precision=precision)
-    else:
-        meta = load_checkpoint(args.checkpoint, model, opt, precision=precision)
+    try:
+        if dp is not None:
+            meta = dp.load_checkpoint(args.checkpoint, model, opt, precision=precision)
+        else:
+            meta = load_checkpoint(args.checkpoint, model, opt, precision=precision)
+    except MALFORMED as e:
+        raise UsageError(f"--checkpoint: expected a checkpoint of this run to --resume (the "
+                         f"flags it was started with), got {args.checkpoint!r}: "
+                         f"{str(e).removeprefix('path: ')}") from None
+    check_tokenizer(meta, tokenizer, "--bpe" if args.bpe else "--tokenizer",
+                    args.tokenizer_out or args.tokenizer or "(bytes)", "--checkpoint",
+                    args.checkpoint)
     print(f"resumed from {args.checkpoint} at step {meta['step']}")
     note = resumed_steps(meta, args.steps, args.checkpoint)
     if note:
@@ -246,7 +291,10 @@ def main(args):
     def make_optimizer(m):
         return AdamW(m, lr=args.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=args.weight_decay)
     opt = dp.optimizer(make_optimizer) if dp is not None else make_optimizer(model)
-    start = _resume(args, model, opt, dp, world, precision) if args.resume else 0
+    start = _resume(args, model, opt, dp, world, precision, tokenizer) if args.resume else 0
+    if args.bpe is not None and world.is_root:                # every input checked: now write
+        tokenizer.save(args.tokenizer_out)
+        print(f"tokenizer: saved to {args.tokenizer_out}")
     if world.size > 1:
         print(f"data parallel: {world.size} processes, {local_batch} windows of the global batch "
               f"each{', optimizer state sharded (ZeRO-1)' if args.zero else ''}")
@@ -272,7 +320,8 @@ def main(args):
                  checkpoint_path=args.checkpoint, checkpoint_every=args.checkpoint_every,
                  progress_bar=False if args.no_progress else None, desc="tinygpt",
                  data_parallel=dp, precision=precision,
-                 log_path=getattr(args, "log", None) if world.is_root else None)
+                 log_path=getattr(args, "log", None) if world.is_root else None,
+                 checkpoint_extra={"tokenizer": tokenizer_record(tokenizer)})
     if not hist["eval"]:                                     # resumed at the last step
         hist["eval"].append((args.steps, evaluate(model.eval())))
     for step, m in hist["eval"]:
@@ -284,7 +333,7 @@ def main(args):
     save(args.checkpoint, model, opt, step=args.steps, precision=precision, extra={
         "corpus": source, "unigram_entropy_bpb": H, "train_bpb": final["train_bpb"],
         "val_bpb": final["val_bpb"], "train_seconds": train_time, "world_size": world.size,
-        "steps": args.steps,
+        "steps": args.steps, "tokenizer": tokenizer_record(tokenizer),
         "eval": [[s, m] for s, m in hist["eval"]],
         "data": {"text": args.text, "corpus": args.corpus, "block_size": args.max_len,
                  "batch_size": args.batch_size,
@@ -308,7 +357,7 @@ def main(args):
     prompt = to_ids(prompt_text)[None, :]                                  # (1, T0)
     if prompt.shape[1] == 0:
         prompt = to_ids("\n")[None, :]
-    for temp in (float(t) for t in args.temperatures.split(",") if t.strip()):
+    for temp in args.temperatures:
         out = sample(model, prompt, args.sample_tokens, temperature=temp, seed=args.seed)
         print(f"\n--- sample, temperature {temp:g} ---")
         print(to_text(out[0]))

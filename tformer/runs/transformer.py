@@ -136,6 +136,8 @@ def main(args):
     t0 = time.perf_counter()
     if args.warmup >= args.steps:
         args.warmup = max(1, args.steps // 10)
+        if args.schedule == "cosine":                 # the cosine decays after it: one step at least
+            args.warmup = min(args.warmup, args.steps - 1)
         print(f"--warmup must be below --steps; using {args.warmup}")
     task = SequenceTask(args.task, args.n_symbols, args.min_len, args.max_len, seed=args.seed)
     max_tokens = (default_budget(args.batching, args.batch_size, task.seq_len)

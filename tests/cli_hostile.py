@@ -1,0 +1,417 @@
+"""The hostile user of the command line: invocations drawn from the commands' own flag tables with
+hostile values and hostile files, each run in-process, and what must hold after it.
+
+``fixtures(folder)`` writes the files a user may hand a command: tiny checkpoints of each kind
+(float, BPE, LoRA training checkpoint and its adapter, int8, another command's), tokenizers, and
+hostile files (empty, truncated, random bytes, a folder, malformed JSON and adapters, NaN weights).
+``invocation(pick)`` draws one command line; ``pick(seq)`` chooses one element (hypothesis' draw in
+the test, ``random.choice`` in the survey). ``problems(argv, outputs, workdir)`` runs it and returns
+what went wrong, one short signature each (empty: all is well):
+
+- the exit status is 0 or 2, never a traceback (an exception escaping ``main``) or a hang;
+- a usage error ends stderr with one line ``python -m tformer ...: error: ...``;
+- every file that existed before is byte-identical, with its mode, unless it is a declared
+  output of a successful run; a failed run leaves no new file; no temporary is left;
+- what must be refused is refused (a tokenizer of another run, limits the model sets).
+
+``python tests/cli_hostile.py N`` surveys N random invocations and prints the distinct problems.
+"""
+import contextlib
+import io
+import json
+import os
+import random
+import shutil
+import signal
+import sys
+import traceback
+
+import numpy as np
+
+WORDS = ["def", "return", "self", "value", "for", "in", "range", "if", "else", "print", "x", "y"]
+SIZES = ["--d-model", "8", "--n-heads", "2", "--n-layers", "1", "--max-len", "8"]
+RUN = ["run", "tinygpt", *SIZES, "--batch-size", "2", "--eval-windows", "2", "--eval-every", "0",
+       "--sample-tokens", "2", "--temperatures", "1", "--no-progress", "--warmup", "0",
+       "--steps", "1", "--threads", "1"]
+BPE_COMPARE = ["bpe-compare", *SIZES, "--vocab-sizes", "256", "260", "--seeds", "0",
+               "--batch-size", "2", "--steps", "2", "--warmup", "1", "--eval-every", "1",
+               "--eval-windows", "2", "--no-progress", "--threads", "1"]
+# Files a user may name, relative to the working folder (see ``fixtures``), and paths that do not
+# exist yet (a new output), lie under a file, or lie where nothing may be written.
+FILES = ["corpus.txt", "other.txt", "base.npz", "bpe.npz", "bpe.tokenizer.json",
+         "other.tokenizer.json", "lora.npz", "lora.adapter.npz", "int8.npz", "transformer.npz",
+         "result.json", "empty.bin", "truncated.npz", "random.bin", "folder", "nan.npz",
+         "nan.adapter.npz", "huge.adapter.npz", "nolayers.adapter.npz", "nofp.adapter.npz",
+         "tok-nomerges.json", "tok-badpattern.json", "tok-ints.json", "tok-deep.json"]
+NEW = ["new.npz", "new2.npz", "out/new.json", "new.csv", "missing.npz", "corpus.txt/under.npz",
+       "/proc/tformer-hostile.npz"]
+PATHS = FILES + NEW
+NUMBERS = ["0", "-1", "1", "2", "3", "abc", "", "nan", "inf", "1.5", "-0.5", "1e-3"]
+HUGE = "1000000000000"
+# Flags whose huge values a command must refuse (a limit from the model, the corpus or the
+# output); a huge value of any other (--steps) is a long run, not a hostile one.
+LIMITED = {"--bpe", "--lora", "--max-new-tokens", "--sample-tokens", "--d-model", "--max-len",
+           "--batch-size", "--n-layers", "--d-ff", "--top-k", "--gen-tokens", "--vocab-sizes",
+           "--eval-windows", "--n-heads", "--lora-alpha"}
+TEXT_VALUES = {"--temperatures": ["1", "abc", "nan", "-1", "", "0.5,1", ",", "inf"],
+               "--lora-targets": ["attn", "all", "wq", "", ",", "mlp,o"],
+               "--prompt": ["def ", "", "\udcff", "x" * 40]}
+SKIP = {"-h", "--help", "--threads", "--no-progress", "--corpus"}
+TIMEOUT = 20
+
+
+def _run(argv):
+    from tformer.__main__ import main
+    return main(argv)
+
+
+def fixtures(folder):
+    """Write every file of ``FILES`` into ``folder`` (mode 0644); returns ``folder``."""
+    os.makedirs(folder, exist_ok=True)
+    here = os.getcwd()
+    os.chdir(folder)
+    try:
+        _fixtures()
+    finally:
+        os.chdir(here)
+    for name in FILES:
+        os.chmod(os.path.join(folder, name), 0o755 if name == "folder" else 0o644)
+    return folder
+
+
+def _quiet(argv):
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        code = _run(argv)
+    assert code == 0, argv
+
+
+def _fixtures():
+    from tformer.checkpoint import read_npz, write_npz
+    rng = random.Random(0)
+    for name, seed in (("corpus.txt", 0), ("other.txt", 1)):
+        r = random.Random(seed)
+        words = WORDS if seed == 0 else [w[::-1] + "q" for w in WORDS]
+        with open(name, "w") as f:
+            f.write("\n".join(" ".join(r.choice(words) for _ in range(6)) for _ in range(120)))
+    corpus = os.path.abspath("corpus.txt")
+    _quiet([*RUN, "--text", corpus, "--checkpoint", "base.npz"])
+    _quiet([*RUN, "--text", corpus, "--checkpoint", "bpe.npz", "--bpe", "300"])
+    _quiet([*RUN, "--text", os.path.abspath("other.txt"), "--checkpoint", "other.npz",
+            "--bpe", "300", "--tokenizer", "other.tokenizer.json"])
+    os.remove("other.npz")
+    _quiet([*RUN, "--text", corpus, "--checkpoint", "lora.npz", "--base", "base.npz",
+            "--lora", "2"])
+    _quiet(["quantize", "base.npz", "--out", "int8.npz", "--eval-windows", "2",
+            "--gen-tokens", "2"])
+    _quiet(["run", "transformer", "--d-model", "8", "--n-heads", "2", "--n-layers", "1",
+            "--d-ff", "8", "--max-len", "3", "--batch-size", "4", "--eval-every", "0",
+            "--eval-size", "4", "--beam-width", "1", "--target", "0", "--no-progress",
+            "--warmup", "1", "--steps", "2", "--checkpoint", "transformer.npz"])
+    _quiet([*BPE_COMPARE, "--text", corpus, "--out", "result.json"])
+    open("empty.bin", "wb").close()
+    with open("base.npz", "rb") as f:
+        whole = f.read()
+    with open("truncated.npz", "wb") as f:
+        f.write(whole[: len(whole) // 2])
+    with open("random.bin", "wb") as f:
+        f.write(bytes(rng.randrange(256) for _ in range(4096)))
+    os.makedirs("folder", exist_ok=True)
+    meta, arrays = read_npz("base.npz")
+    first = next(k for k in arrays if k.startswith("model/"))
+    write_npz("nan.npz", {**arrays, first: np.full_like(arrays[first], np.nan),
+                          "meta": np.array(json.dumps(meta))})
+    meta, arrays = read_npz("lora.adapter.npz")
+    first = next(iter(arrays))
+    for name, value in (("nan", np.nan), ("huge", 1e30)):
+        write_npz(f"{name}.adapter.npz", {**arrays, first: np.full_like(arrays[first], value),
+                                          "meta": np.array(json.dumps(meta))})
+    for name, key in (("nolayers", "layers"), ("nofp", "base_fingerprint")):
+        write_npz(f"{name}.adapter.npz", {**arrays, "meta": np.array(json.dumps(
+            {k: v for k, v in meta.items() if k != key}))})
+    with open("bpe.tokenizer.json") as f:
+        tok = json.load(f)
+    bad = {"tok-nomerges.json": {k: v for k, v in tok.items() if k != "merges"},
+           "tok-badpattern.json": {**tok, "pattern": "("},
+           "tok-ints.json": {**tok, "merges": 5}}
+    for name, data in bad.items():
+        with open(name, "w") as f:
+            json.dump(data, f)
+    with open("tok-deep.json", "w") as f:
+        f.write('{"format": "tformer-bpe", "version": 1, "merges": ' + "[" * 100_000
+                + "]" * 100_000 + "}")
+
+
+def _value(flag, action, pick, argv):
+    """A hostile or ordinary value for ``flag`` of parser action ``action``."""
+    if flag in TEXT_VALUES:
+        return pick(TEXT_VALUES[flag])
+    if action.choices:
+        return pick([*map(str, action.choices), "bogus"])
+    if action.type is None and (action.metavar in ("FILE", "CHECKPOINT") or flag in
+                                ("--checkpoint", "--out", "--text", "--log")):
+        return path(pick, argv)
+    return pick(NUMBERS + ([HUGE] * 2 if flag in LIMITED else []))
+
+
+def _table(command):
+    """``{flag: action}`` of the command's parser (``command`` as in ``python -m tformer ...``)."""
+    from tformer.__main__ import _leaves, build_parser
+    prog = "python -m tformer " + command
+    parser = next(p for p in _leaves(build_parser()) if p.prog == prog)
+    return {s: a for a in parser._actions for s in a.option_strings if s not in SKIP}
+
+
+_TABLES = {}
+
+
+def table(command):
+    if command not in _TABLES:
+        _TABLES[command] = _table(command)
+    return _TABLES[command]
+
+
+def _flag(argv, flag, default=None):
+    """The value the last ``flag`` of ``argv`` gives (argparse's rule), else ``default``."""
+    values = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == flag]
+    return values[-1] if values else default
+
+
+def _drawn_flags(command, pick, argv, n):
+    """``n`` flags of the command's table with drawn values, appended to ``argv``."""
+    flags = table(command)
+    names = sorted(flags)
+    for _ in range(n):
+        flag = pick(names)
+        action = flags[flag]
+        argv.append(flag)
+        if action.nargs == 0:
+            continue
+        argv.append(_value(flag, action, pick, argv))
+        if action.nargs == "+" and pick([False, True]):
+            argv.append(_value(flag, action, pick, argv))
+
+
+def path(pick, argv, *likely):
+    """A path for a flag: one of ``likely`` (weighted), one given to another flag of ``argv``,
+    or any of ``PATHS``."""
+    used = [a for a in argv if a in PATHS]
+    return pick([*likely * 3, *used * 2, *PATHS])
+
+
+def invocation(pick):
+    """``(argv, outputs)``: one command line, and the files it may write if it succeeds."""
+    command = pick(["run tinygpt"] * 5 + ["generate"] * 2 + ["quantize", "bpe-compare"])
+    if command == "run tinygpt":
+        argv = [*RUN, "--text", pick(["corpus.txt"] * 6 + PATHS)]
+        argv += ["--checkpoint", path(pick, argv, "new.npz")]
+        scenario = pick(["bpe", "lora", "resume", "none"])
+        if scenario == "bpe":
+            argv += ["--bpe", pick(["300", "260", "256", "0", HUGE])]
+            if pick([True, False]):
+                argv += ["--tokenizer", path(pick, argv, "new.json")]
+        elif scenario == "lora":
+            argv += ["--base", path(pick, argv, "base.npz"), "--lora", pick(["2", "1", "0", HUGE])]
+            if pick([True, False]):
+                argv += ["--adapter", path(pick, argv, "new2.npz")]
+        elif scenario == "resume":
+            argv += ["--resume", "--checkpoint", path(pick, argv, "base.npz", "bpe.npz", "lora.npz")]
+            if pick([True, False]):
+                argv += pick([["--bpe", "300"], ["--bpe", "280"], ["--tokenizer", "bpe.tokenizer.json"],
+                              ["--base", "base.npz", "--lora", "2"], ["--d-model", "16"]])
+    elif command == "generate":
+        argv = ["generate", "--checkpoint", pick(["base.npz", "bpe.npz", "int8.npz"] + PATHS),
+                "--max-new-tokens", "3", "--threads", "1"]
+        if pick([True, False]):
+            argv += ["--tokenizer", pick(["bpe.tokenizer.json", "other.tokenizer.json"] + PATHS)]
+        if pick([True, False, False]):
+            argv += ["--checkpoint", "base.npz", "--adapter",
+                     pick(["lora.adapter.npz"] * 2 + PATHS)]
+    elif command == "quantize":
+        argv = ["quantize", pick(["base.npz"] * 3 + PATHS), "--eval-windows", "2", "--gen-tokens",
+                "2", "--threads", "1"]
+        argv += ["--out", path(pick, argv, "new.npz")]
+    else:
+        argv = [*BPE_COMPARE, "--text", pick(["corpus.txt"] * 3 + PATHS)]
+        argv += ["--out", path(pick, argv, "new.json")]
+    _drawn_flags(command, pick, argv, pick([0, 1, 1, 2, 3]))
+    return argv, declared_outputs(command, argv) - declared_inputs(argv)
+
+
+def declared_outputs(command, argv):
+    """The files ``argv`` says it writes (checkpoint, adapter, tokenizer, log, --out)."""
+    if command == "generate":
+        return set()
+    if command == "quantize":
+        return {_flag(argv, "--out")}
+    if command == "bpe-compare":
+        return {_flag(argv, "--out", "book/data/bpe.json")}
+    ckpt = _flag(argv, "--checkpoint", "checkpoints/tinygpt.npz")
+    lora = "--lora" in argv and "--base" in argv
+    if lora and ckpt == "checkpoints/tinygpt.npz":
+        ckpt = "checkpoints/tinygpt-lora.npz"
+    out = {ckpt, _flag(argv, "--log")}
+    if lora:
+        out.add(_flag(argv, "--adapter", os.path.splitext(ckpt)[0] + ".adapter.npz"))
+    if "--bpe" in argv:
+        out.add(_flag(argv, "--tokenizer", os.path.splitext(ckpt)[0] + ".tokenizer.json"))
+    return {os.path.normpath(p) for p in out if p}
+
+
+def declared_inputs(argv):
+    """The files ``argv`` reads and must leave as they are (``--resume``'s checkpoint is read
+    and then replaced: not one of them)."""
+    flags = ["--text", "--base", "--adapter", "--checkpoint", "--tokenizer"]
+    if argv[0] == "run":
+        flags = ["--text", "--base"] + ([] if "--bpe" in argv else ["--tokenizer"])
+    paths = {_flag(argv, f) for f in flags}
+    if argv[0] == "quantize":
+        paths.add(argv[1])
+    return {os.path.normpath(p) for p in paths if p}
+
+
+def must_refuse(argv):
+    """Why ``argv`` must be refused although every file in it is well formed, or None."""
+    command = " ".join(argv[:2]) if argv[0] == "run" else argv[0]
+    if command == "generate" and _flag(argv, "--tokenizer") == "other.tokenizer.json" and \
+            _flag(argv, "--checkpoint") == "bpe.npz":
+        return "a tokenizer of another run with the same vocabulary"
+    if command == "run tinygpt" and "--lora-targets" in argv and "--lora" not in argv:
+        return "--lora-targets without --lora"
+    for flag in ("--bpe", "--lora", "--max-new-tokens", "--sample-tokens", "--gen-tokens"):
+        if _flag(argv, flag) == HUGE:
+            return f"{flag} {HUGE}"
+    if "--vocab-sizes" in argv:
+        rest = argv[len(argv) - argv[::-1].index("--vocab-sizes"):]
+        values = rest[:next((i for i, a in enumerate(rest) if a.startswith("--")), len(rest))]
+        if HUGE in values:
+            return f"--vocab-sizes {HUGE}"
+    return None
+
+
+def snapshot(folder):
+    """``{relative path: (bytes, mode)}`` of every file under ``folder``."""
+    out = {}
+    for root, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, folder)] = (f.read(), os.stat(path).st_mode & 0o7777)
+    return out
+
+
+class Hang(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise Hang
+
+
+def run(argv, workdir):
+    """``(exit status or the exception, stdout, stderr)`` of ``argv`` run in ``workdir``."""
+    here, out, err = os.getcwd(), io.StringIO(), io.StringIO()
+    os.chdir(workdir)
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(TIMEOUT)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = _run(argv)
+    except SystemExit as e:
+        code = e.code
+    except Exception as e:                       # noqa: BLE001  (what the user would see)
+        code = e
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+        os.chdir(here)
+    return code, out.getvalue(), err.getvalue()
+
+
+def _where(exc):
+    """The innermost frame of tformer's code that the exception passed through."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/tformer/" in f.filename]
+    f = frames[-1] if frames else traceback.extract_tb(exc.__traceback__)[-1]
+    return f"{os.path.basename(f.filename)}:{f.name}"
+
+
+def _given_as(argv, rel):
+    """The flags of ``argv`` that name the file ``rel``."""
+    flags = [argv[i] for i in range(len(argv) - 1) if argv[i].startswith("--")
+             and os.path.normpath(argv[i + 1]) == rel]
+    if argv[0] == "quantize" and os.path.normpath(argv[1]) == rel:
+        flags.append("CHECKPOINT")
+    return "/".join(sorted(set(flags))) or "no flag"
+
+
+def problems(argv, outputs, workdir):
+    """What went wrong when ``argv`` ran in ``workdir`` (a list of short signatures)."""
+    before = snapshot(workdir)
+    code, _, err = run(argv, workdir)
+    after = snapshot(workdir)
+    found = []
+    if isinstance(code, Hang):
+        found.append(f"hang (> {TIMEOUT} s)")
+    elif isinstance(code, BaseException):
+        found.append(f"traceback: {type(code).__name__} in {_where(code)}")
+    elif code not in (0, 2, None):
+        found.append(f"exit status {code}")
+    ok = code in (0, None)
+    if ok and argv[0] == "run":
+        named = [os.path.normpath(p) for p in (_flag(argv, "--checkpoint"), _flag(argv, "--adapter"),
+                 _flag(argv, "--tokenizer") if "--bpe" in argv else None, _flag(argv, "--log")) if p]
+        if len(set(named)) < len(named):
+            found.append("two outputs in one file")
+    if code == 2:
+        last = err.rstrip("\n").splitlines()[-1] if err.strip() else ""
+        if "Traceback" in err or not (last.startswith("python -m tformer") and ": error: " in last):
+            found.append("usage error not one line")
+    for rel, (data, mode) in before.items():
+        if rel not in after:
+            found.append(f"removed file given as {_given_as(argv, rel)}")
+        elif ok and rel in outputs:
+            if after[rel][1] != mode:
+                found.append("mode of a replaced output changed")
+        elif after[rel][0] != data:
+            found.append(f"changed file given as {_given_as(argv, rel)}"
+                         f"{'' if ok else ' (failed run)'}")
+        elif after[rel][1] != mode:
+            found.append("mode changed")
+    new = set(after) - set(before)
+    if any(os.path.basename(p).startswith(".tmp-") for p in new):
+        found.append("temporary left")
+    if not ok and new - {p for p in new if os.path.basename(p).startswith(".tmp-")}:
+        found.append("failed run wrote a new file")
+    if ok:
+        stray = {p for p in new if not os.path.basename(p).startswith(".tmp-")} - outputs
+        if stray:
+            found.append("wrote an undeclared file")
+        why = must_refuse(argv)
+        if why:
+            found.append(f"accepted: {why}")
+    return found
+
+
+def survey(n, seed=0):
+    """Run ``n`` random invocations; ``{problem: (count, first argv)}``."""
+    import tempfile
+    rng = random.Random(seed)
+    seen = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        pristine = fixtures(os.path.join(tmp, "pristine"))
+        for i in range(n):
+            argv, outputs = invocation(rng.choice)
+            work = os.path.join(tmp, f"w{i}")
+            shutil.copytree(pristine, work)
+            for p in problems(argv, outputs, work):
+                count, first = seen.get(p, (0, argv))
+                seen[p] = (count + 1, first)
+            shutil.rmtree(work, ignore_errors=True)
+    return seen
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TFORMER_PROGRESS", "0")
+    found = survey(int(sys.argv[1]) if len(sys.argv) > 1 else 300)
+    for p, (count, argv) in sorted(found.items(), key=lambda kv: -kv[1][0]):
+        print(f"{count:5d}  {p}\n       {' '.join(repr(a) if ' ' in a or not a else a for a in argv)}")
+    print(f"{len(found)} distinct problems")
