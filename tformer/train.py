@@ -32,7 +32,7 @@ class NonFiniteLossError(FloatingPointError):
 def train(model, optimizer, batch, forward_loss, steps, *, start_step=0, accum_steps=1,
           clip_norm=None, lr_schedule=None, evaluate=None, eval_every=0, checkpoint_path=None,
           checkpoint_every=0, config=None, progress_bar=None, desc="train", log_every=1,
-          data_parallel=None, precision=None, log_path=None):
+          data_parallel=None, precision=None, log_path=None, checkpoint_extra=None):
     """Train ``model`` for steps ``start_step+1 .. steps``; returns the history dict.
 
     - ``accum_steps = k``: the gradient of one update is the mean over ``k`` micro-batches
@@ -47,7 +47,8 @@ def train(model, optimizer, batch, forward_loss, steps, *, start_step=0, accum_s
     - ``evaluate(model) -> dict`` runs every ``eval_every`` steps and at the end (model in eval
       mode for the call, back to train mode after).
     - ``checkpoint_path``: written atomically every ``checkpoint_every`` steps and at the end;
-      its ``extra`` holds ``steps``, the length of the schedule (``--resume`` compares it).
+      its ``extra`` holds ``steps``, the length of the schedule (``--resume`` compares it), and
+      ``checkpoint_extra`` (a dict: what the run records with it, e.g. its tokenizer).
     - A non-finite loss or gradient norm raises ``NonFiniteLossError`` before the update, so the
       parameters and the last checkpoint on disk stay those of the last good step.
     - ``data_parallel`` (a ``tformer.scaling.mpi.DataParallel``; ``batch`` then gives this rank's
@@ -82,7 +83,7 @@ def train(model, optimizer, batch, forward_loss, steps, *, start_step=0, accum_s
             _evaluate(model, evaluate, hist, step)
         if step == steps or (checkpoint_path and checkpoint_every and step % checkpoint_every == 0):
             last_good = _save(model, optimizer, config, step, steps, dp, precision, hist,
-                              checkpoint_path, log_path) or last_good
+                              checkpoint_path, log_path, checkpoint_extra) or last_good
         _show(bar, loss, norm)
     return hist
 
@@ -116,13 +117,14 @@ def _evaluate(model, evaluate, hist, step):
     model.train()
 
 
-def _save(model, optimizer, config, step, steps, dp, precision, hist, checkpoint_path, log_path):
-    """The checkpoint (its ``extra`` holds ``steps``) and the history, where asked; returns the
-    checkpoint's path, or None if none was written."""
+def _save(model, optimizer, config, step, steps, dp, precision, hist, checkpoint_path, log_path,
+          checkpoint_extra=None):
+    """The checkpoint (its ``extra`` holds ``steps`` and ``checkpoint_extra``) and the history,
+    where asked; returns the checkpoint's path, or None if none was written."""
     saved = None
     if checkpoint_path:
         dp.save_checkpoint(checkpoint_path, model, optimizer, config, step,
-                           extra={"steps": steps}, precision=precision)
+                           extra={**(checkpoint_extra or {}), "steps": steps}, precision=precision)
         saved = os.fspath(checkpoint_path)
     if log_path:
         write_history(log_path, hist)
