@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import cli_hostile
 
-EXAMPLES = int(os.environ.get("TFORMER_HYPOTHESIS_EXAMPLES", "300"))
+EXAMPLES = int(os.environ.get("TFORMER_HYPOTHESIS_EXAMPLES", "500"))
 
 
 @pytest.fixture(scope="module")

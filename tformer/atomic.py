@@ -88,9 +88,13 @@ class WriteError(OSError):
     message names the file, the reason, and that the old file, if any, was kept."""
 
     def __init__(self, path, cause):
-        super().__init__(f"{path!r} could not be written ({cause.strerror or cause}); "
-                         f"{_kept(path)}")
+        self.message = (f"{path!r} could not be written ({cause.strerror or cause}); "
+                        f"{_kept(path)}")
+        super().__init__(self.message)
         self.errno, self.filename = cause.errno, path
+
+    def __str__(self):
+        return self.message
 
 
 def _mode(path):

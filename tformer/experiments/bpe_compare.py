@@ -100,6 +100,12 @@ def check_args(args):
     heads_divide(args.d_model, args.n_heads)
     if args.text:
         text_file(args.text, args.max_len, args.val_fraction)
+        with open(args.text, "rb") as f:
+            most = most_tokens(f.read())
+        if max(args.vocab_sizes) > most:
+            raise ValueError(f"--vocab-sizes: expected sizes of at most {most:,} (the 256 bytes "
+                             f"and the {most - 256:,} merges --text allows), got "
+                             f"{max(args.vocab_sizes):,}")
     check_paths(inputs=[("--text", args.text)], outputs=[("--out", args.out)])
     check_fits(argparse.Namespace(**vars(args), d_ff=None, gradient_checkpointing=False,
                                   blocks_per_segment=1, attention="plain"),

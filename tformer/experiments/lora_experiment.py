@@ -35,6 +35,7 @@ from ..optim import AdamW, clip_grad_norm
 from .provenance import load_average, record
 from . import lora_train as L
 from .timing import interleaved
+from ..runs.flags import add_flag
 
 DEFAULT_OUT = "book/data/lora.json"
 LORA_TARGETS = ("attn", "all")
@@ -48,10 +49,10 @@ CHECK = {"base_steps": 30, "steps": 20, "seed": 1, "method": "lora-attn-r4"}
 
 def add_arguments(p):
     p.add_argument("--out", default=DEFAULT_OUT, help="the JSON file to write")
-    p.add_argument("--steps", type=int, default=300, help="fine-tuning steps of every method")
-    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3],
-                   help="fine-tuning seeds (batches, adapter and scratch initialisation)")
-    p.add_argument("--time-rounds", type=int, default=15, help="interleaved rounds of step timing")
+    add_flag(p, "--steps", 300, "fine-tuning steps of every method")
+    add_flag(p, "--seeds", [1, 2, 3], "fine-tuning seeds (batches, adapter and scratch "
+             "initialisation)", nargs="+")
+    add_flag(p, "--time-rounds", 15, "interleaved rounds of step timing")
 
 
 def check_args(args):
