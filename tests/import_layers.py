@@ -7,10 +7,10 @@ the checker on ``tformer``.
 
 Why some modules sit where they do:
 - ``parallel`` (the thread pool) is below the kernels: every kernel splits its rows with it.
-- ``scaling.recompute`` and ``scaling.batch_threads`` (gradient checkpointing, the batch cut
-  across threads) are how a model's blocks run, chosen by the model's own keywords: the models
-  build on them, so they sit below the models, not with the scaling that builds on training
-  (precision, quantize, MPI, ZeRO).
+- ``scaling.recompute`` (gradient checkpointing) is a stack of blocks that a model builds on its
+  keyword, so it sits below the models; ``scaling.batch_threads`` (the batch cut across threads)
+  wraps any model from outside and ``train`` uses it, so it sits there too, below training, not
+  with the scaling that builds on training (precision, quantize, MPI, ZeRO).
 - ``data`` sits above "using a model": a sequence task scores a model by decoding it.
 - The experiments (the commands that write ``book/data/*.json``) and the benchmarks are one
   layer: the bench reruns an experiment's measurement, an experiment borrows the bench's PyTorch
@@ -38,7 +38,8 @@ LAYERS = [
                   "tformer.train", "tformer.lora_file"]),
     ("scaling", ["tformer.scaling.precision", "tformer.scaling.quantize", "tformer.scaling.zero",
                  "tformer.scaling.mpi", "tformer.scaling.step_memory"]),
-    ("using a model", ["tformer.generate", "tformer.beam", "tformer.bpe", "tformer.bpe_*"]),
+    ("using a model", ["tformer.kv_cache", "tformer.generate", "tformer.beam", "tformer.bpe",
+                       "tformer.bpe_*"]),
     ("data", ["tformer.data", "tformer.data.*"]),
     ("commands", ["tformer.runs", "tformer.runs.*"]),
     ("experiments and bench", ["tformer.experiments", "tformer.experiments.*", "tformer.bench",

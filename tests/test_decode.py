@@ -1,12 +1,18 @@
-"""The lean one-token decoding step (tformer.fast.decode) against the general layers:
-the same bits, taken only where it applies, and the same errors."""
+"""Decoding with a KV cache (tformer.kv_cache): every layer type decodes as its own forward pass
+computes (float, int8 weights, int8 weights and activations, LoRA), and the lean one-token step
+(tformer.fast.decode) gives the bits of the general path, is taken only where it applies, and
+raises the same errors."""
 import numpy as np
 import pytest
 
-from tformer import parallel
+from tformer import kv_cache, parallel
 from tformer.generate import greedy
 from tformer.fast import decode
+from tformer.lora import apply_lora
 from tformer.models.tinygpt import TinyGPT
+from tformer.scaling.quantize import quantize_model
+
+from kv_steps import cached_logits
 
 
 @pytest.fixture
@@ -18,12 +24,53 @@ def threads():
 
 def _steps(model, seq, prefill, lean):
     """Logits of each one-token step after a ``prefill``-token prompt, lean path on/off."""
-    model.lean_decode = lean
-    caches = model.new_kv_caches(seq.shape[0])
-    model.forward(seq[:, :prefill], kv_caches=caches)
-    out = [model.forward(seq[:, t:t + 1], kv_caches=caches)
-           for t in range(prefill, seq.shape[1])]
-    return out, caches, [blk.attn.att.copy() for blk in model.blocks]
+    out, caches = cached_logits(model, seq, prefill, lean)
+    return out[1:], caches, [blk.attn.att.copy() for blk in model.blocks]
+
+
+def _variant(kind, threads_n=1):
+    """A small TinyGPT as each layer type makes it: float, w8, w8a8, LoRA (with trained-looking
+    adapters), in eval mode."""
+    model = TinyGPT(d_model=32, n_heads=4, n_layers=2, max_len=16, seed=2)
+    if kind in ("w8", "w8a8"):
+        quantize_model(model, kind)
+    elif kind == "lora":
+        apply_lora(model, 4, targets=("attn", "mlp"), seed=1)
+        rng = np.random.default_rng(5)
+        for name, p, _ in model.named_parameters():
+            if name.endswith((".A", ".B")):
+                p += 0.1 * rng.standard_normal(p.shape).astype(p.dtype)
+    return model.eval()
+
+
+@pytest.mark.parametrize("n_threads", [1, 2])
+@pytest.mark.parametrize("lean", [True, False])
+@pytest.mark.parametrize("kind", ["float", "w8", "w8a8", "lora"])
+def test_every_layer_type_decodes_as_its_own_forward(kind, lean, n_threads, threads):
+    """A cached step computes with the layer's own arithmetic: int8 products for a quantized
+    model, the adapter for LoRA. (A lean step that read the dequantized float weights of a w8a8
+    model was 2e-3 away from the model's own logits.)"""
+    threads(n_threads)
+    model = _variant(kind)
+    assert kv_cache.Decoder(model, lean).lean == lean             # every one of them can be lean
+    seq = np.random.default_rng(3).integers(0, 256, (2, 16))
+    full = model.forward(seq)                                      # (B, T, V)
+    cached, _ = cached_logits(model, seq, 5, lean)
+    got = np.concatenate(cached, axis=1)
+    assert got.shape == full.shape and got.dtype == full.dtype
+    assert np.abs(got - full).max() <= 1e-5 * np.abs(full).max()
+    out = greedy(model, seq[:, :3], 10)
+    assert np.array_equal(out, greedy(model, seq[:, :3], 10, use_cache=False))
+
+
+@pytest.mark.parametrize("kind", ["w8", "w8a8", "lora"])
+def test_lean_and_general_steps_agree_bit_for_bit_for_every_layer_type(kind):
+    model = _variant(kind)
+    seq = np.random.default_rng(4).integers(0, 256, (3, 16))
+    lean, _, lean_att = _steps(model, seq, 4, True)
+    full, _, full_att = _steps(model, seq, 4, False)
+    assert all(np.array_equal(a, b) for a, b in zip(lean, full))
+    assert all(np.array_equal(a, b) for a, b in zip(lean_att, full_att))
 
 
 CONFIGS = [
@@ -79,14 +126,14 @@ def test_lean_step_is_taken_only_where_it_applies(monkeypatch):
         calls.clear()
         model = TinyGPT(d_model=32, n_heads=4, n_layers=2, max_len=12, seed=0, **kw)
         out = greedy(model, seq[:, :4], 8)
-        assert bool(calls) == used, kw
-        model.lean_decode = False
-        assert np.array_equal(out, greedy(model, seq[:, :4], 8)), kw
+        assert bool(calls) == used == kv_cache.Decoder(model).lean, kw
+        calls.clear()
+        general, _ = cached_logits(model.eval(), out, 4, lean=False)   # the greedy tokens again
+        assert not calls
+        assert np.array_equal(out[:, 4:], np.concatenate(general, 1)[:, 3:11].argmax(-1)), kw
     model = TinyGPT(d_model=32, n_heads=4, n_layers=2, max_len=12, seed=0)
     calls.clear()                                  # training mode: the general path
-    caches = model.new_kv_caches(1)
-    model.forward(seq[:, :4], kv_caches=caches)
-    model.forward(seq[:, 4:5], kv_caches=caches)
+    cached_logits(model, seq[:, :5], 4)
     assert not calls
 
 
@@ -100,18 +147,18 @@ def test_no_split_follows_the_kernels_thresholds(threads):
 
 def test_lean_step_errors_match_the_general_path():
     model = TinyGPT(d_model=32, n_heads=4, n_layers=1, max_len=8, seed=0).eval()
-    caches = model.new_kv_caches(1)
-    model.forward(np.array([[1, 2]]), kv_caches=caches)
+    step, caches = kv_cache.Decoder(model), kv_cache.new_caches(model, 1)
+    step(np.array([[1, 2]]), caches)
     with pytest.raises(ValueError, match="tokens"):
-        model.forward(np.array([[300]]), kv_caches=caches)          # not a byte
+        step(np.array([[300]]), caches)                             # not a byte
     with pytest.raises(ValueError, match="kv_caches: expected one per block"):
-        model.forward(np.array([[3]]), kv_caches=caches + caches)
-    model.blocks[0].attn.qkv.W[0, 0] = np.nan
+        step(np.array([[3]]), caches + caches)
+    with pytest.raises(ValueError, match="tokens: 9 positions exceed max_len = 8"):
+        step(np.ones((1, 7), np.int64), caches)
     for lean in (True, False):
-        model.lean_decode = lean
-        c = model.new_kv_caches(1)
+        step, c = kv_cache.Decoder(model, lean), kv_cache.new_caches(model, 1)
         model.blocks[0].attn.qkv.W[0, 0] = 0.0
-        model.forward(np.array([[1, 2]]), kv_caches=c)
+        step(np.array([[1, 2]]), c)
         model.blocks[0].attn.qkv.W[0, 0] = np.nan
         with pytest.raises(ValueError, match="NaN"):
-            model.forward(np.array([[3]]), kv_caches=c)
+            step(np.array([[3]]), c)

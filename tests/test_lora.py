@@ -10,8 +10,10 @@ from tformer.gradcheck import check_module, numerical_grad
 from tformer.layers import Linear
 from tformer.lora import (Adapters, LoRALinear, apply_lora, fingerprint, merge_lora,
                           resolve_targets)
+from tformer import kv_cache
 from tformer.lora_file import load_adapter, save_adapter
 from tformer.models.tinygpt import TinyGPT
+from tformer.scaling.batch_threads import BatchCut
 from tformer.optim import AdamW, clip_grad_norm
 
 
@@ -136,11 +138,11 @@ def test_gradients_on_one_and_two_threads(threads):
     x, y = tokens(4, 8, 5), tokens(4, 8, 6)
     threads(1)
     one = adapter_grads(model, x, y)
-    assert model._replicas.last is None
     threads(2)
-    model.forward(x)
-    assert model._replicas.last is not None                       # the batch was cut
-    two = adapter_grads(model, x, y)
+    net = BatchCut(model)                                         # as tformer.train runs it
+    net.forward(x)
+    assert net.replicas.last is not None                          # the batch was cut
+    two = adapter_grads(net, x, y)
     for name in one:
         np.testing.assert_allclose(two[name], one[name], rtol=1e-12, atol=1e-14, err_msg=name)
 
@@ -180,7 +182,7 @@ def test_merge_gives_the_same_logits_and_a_plain_model():
     merge_lora(model)
     assert not any(isinstance(m, LoRALinear) for m in model._modules())
     assert model.num_parameters() == tiny().num_parameters() and model.flat_buffers() is not None
-    assert model.lean_decode
+    assert kv_cache.Decoder(model).lean                       # merged: TinyGPT's lean decode step
     np.testing.assert_allclose(model.forward(x), unmerged, rtol=1e-5, atol=1e-5)
 
 

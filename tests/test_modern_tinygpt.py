@@ -19,6 +19,8 @@ from tformer.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
 from tformer.generate import greedy
 from tformer.gradcheck import check_module
 from tformer.models.tinygpt import TinyGPT
+
+from kv_steps import cached_logits
 from tformer.modern_layers import RMSNorm, SwiGLUFeedForward, TiedLinear, norm_layer, swiglu_hidden
 from tformer.optim import AdamW, clip_grad_norm
 
@@ -86,11 +88,8 @@ def test_kv_cache_equals_recomputation_for_every_combination(norm, positions, ml
     model = randomize(tiny(norm=norm, positions=positions, mlp=mlp, n_kv_heads=n_kv_heads,
                            tie_embeddings=tie, d_ff=12), seed=3)
     seq = tokens(2, 12, seed=4)
-    caches = model.new_kv_caches(2)
+    cached, caches = cached_logits(model, seq, 5)             # prefill, then one position at a time
     assert caches[0].k.shape == (2, n_kv_heads, 12, 2)                   # only H_kv heads cached
-    cached = [model.forward(seq[:, :5], kv_caches=caches)]               # prefill
-    for t in range(5, 12):
-        cached.append(model.forward(seq[:, t:t + 1], kv_caches=caches))  # one position at a time
     np.testing.assert_allclose(np.concatenate(cached, axis=1), model.forward(seq), rtol=1e-12, atol=1e-12)
 
 

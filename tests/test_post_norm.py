@@ -16,6 +16,8 @@ from tformer.blocks import PostNormGPTBlock, PreNormBlock
 from tformer.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
 from tformer.gradcheck import check_module
 from tformer.models.tinygpt import TinyGPT
+
+from kv_steps import cached_logits
 from tformer.runs.generate_cmd import load_tinygpt
 
 ALL_ON = dict(norm="rmsnorm", positions="rope", mlp="swiglu", n_kv_heads=2, tie_embeddings=True)
@@ -86,10 +88,7 @@ def test_post_norm_gradcheck(options):
 def test_post_norm_kv_cache_equals_recomputation(options):
     model = randomize(tiny(d_ff=12, norm_position="post", **options), seed=3)
     seq = tokens(2, 12, seed=4)
-    caches = model.new_kv_caches(2)
-    cached = [model.forward(seq[:, :5], kv_caches=caches)]
-    for t in range(5, 12):
-        cached.append(model.forward(seq[:, t:t + 1], kv_caches=caches))
+    cached, _ = cached_logits(model, seq, 5)
     np.testing.assert_allclose(np.concatenate(cached, axis=1), model.forward(seq), rtol=1e-12, atol=1e-12)
 
 

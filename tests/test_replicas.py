@@ -1,5 +1,5 @@
-"""tformer.scaling.batch_threads: a TinyGPT training batch cut across threads gives the whole batch's logits and
-gradients (float64 to 1e-12, float32 to rounding, finite differences, PyTorch), only where it
+"""tformer.scaling.batch_threads: a TinyGPT training batch cut across threads (``BatchCut``, the
+wrapper ``tformer.train`` trains through) gives the whole batch's logits and gradients (float64 to 1e-12, float32 to rounding, finite differences, PyTorch), only where it
 should, and deterministically."""
 import numpy as np
 import pytest
@@ -34,8 +34,9 @@ CONFIGS = {
 
 
 def _model(dtype=np.float64, **kw):
-    return TinyGPT(d_model=32, n_heads=4, n_layers=2, max_len=16, vocab_size=64, seed=0,
-                   dtype=dtype, **kw)
+    """A small TinyGPT trained through ``BatchCut`` (as ``tformer.train`` trains every model)."""
+    return batch_threads.BatchCut(TinyGPT(d_model=32, n_heads=4, n_layers=2, max_len=16,
+                                          vocab_size=64, seed=0, dtype=dtype, **kw))
 
 
 def _batch(B=5, T=16, seed=1):
@@ -73,7 +74,7 @@ def test_cut_batch_gives_the_whole_batch_gradients_in_float64(threads, config, n
     threads(n)
     cut = _model(**CONFIGS[config])
     got = [_step(cut, x, y) for _ in range(2)][-1]
-    assert cut._replicas.last is None and len(cut._replicas._copies) == n - 1   # it was cut
+    assert cut.replicas.last is None and len(cut.replicas._copies) == n - 1   # it was cut
     assert rel_error(got[0], ref[0]) < 1e-12
     assert got[1] == pytest.approx(ref[1], rel=1e-12)
     for name, g in ref[2].items():
@@ -100,7 +101,7 @@ def test_cut_batch_gradients_match_finite_differences(threads):
     G = np.random.default_rng(7).standard_normal((4, 8, 64))
     model.forward(x)
     model.backward(G)
-    assert model._replicas.last is None and len(model._replicas._copies) == 1
+    assert model.replicas.last is None and len(model.replicas._copies) == 1
 
     def scalar():
         return float(np.vdot(model.forward(x), G))
@@ -115,15 +116,15 @@ def test_cut_batch_matches_pytorch(threads, torch):
     """The cut batch's gradients against the PyTorch twin's, in float64."""
     from tformer.bench import torch_gpt as tg
     threads(2)
-    model = TinyGPT(d_model=32, n_heads=4, n_layers=2, max_len=16, vocab_size=256, seed=0,
-                    dtype=np.float64)
-    tm = tg.from_tinygpt(model)
+    model = batch_threads.BatchCut(TinyGPT(d_model=32, n_heads=4, n_layers=2, max_len=16,
+                                           vocab_size=256, seed=0, dtype=np.float64))
+    tm = tg.from_tinygpt(model.model)
     rng = np.random.default_rng(3)
     x, y = rng.integers(0, 256, (6, 16)), rng.integers(0, 256, (6, 16))
     logits = model.forward(x)
     loss, d = F.cross_entropy(logits, y)
     model.backward(d)
-    assert len(model._replicas._copies) == 1
+    assert len(model.replicas._copies) == 1
     tl = torch.nn.functional.cross_entropy(tm(torch.from_numpy(x)).reshape(-1, 256),
                                            torch.from_numpy(y).reshape(-1))
     tl.backward()
@@ -141,15 +142,21 @@ def test_training_with_threads_follows_one_thread(threads):
 
     def run(n):
         threads(n)
-        model = _model()
+        model = _model().model                 # the model itself: train cuts its batches
         hist = train(model, AdamW(model, lr=1e-2), lambda i: batches[i],
                      lambda m, b: F.cross_entropy(m.forward(b[0]), b[1]), 10, accum_steps=2,
                      clip_norm=0.5, progress_bar=False)
-        return np.array(hist["loss"]), model.state_dict(), model
+        return np.array(hist["loss"]), model.state_dict()
 
-    ref_loss, ref_params, _ = run(1)
-    loss, params, model = run(2)
-    assert len(model._replicas._copies) == 1
+    ref_loss, ref_params = run(1)
+    made = []
+    real = batch_threads.Replicas._replicate
+    batch_threads.Replicas._replicate = lambda self: made.append(1) or real(self)
+    try:
+        loss, params = run(2)
+    finally:
+        batch_threads.Replicas._replicate = real
+    assert made == [1]                         # one replica, made once, used for every step
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-10)
     for name, p in ref_params.items():
         np.testing.assert_allclose(params[name], p, rtol=0, atol=1e-10, err_msg=name)
@@ -174,7 +181,7 @@ def test_replicas_follow_load_state_dict_and_mixed_precision(threads):
     model.zero_grad()
     mp = MixedPrecision(model, "bf16")
     low = model.forward(x)
-    (rep, _), = model._replicas._copies
+    (rep, _), = model.replicas._copies
     assert rep.blocks[0].attn.qkv.W is model.blocks[0].attn.qkv.W
     assert rep.blocks[0].attn.qkv.W.dtype == mp.dtype and low.dtype == mp.dtype
     mp.detach()
@@ -187,27 +194,24 @@ def test_cut_only_where_it_should(threads, monkeypatch):
     threads(2)
     model = _model()
     model.forward(x)
-    assert model._replicas.last == [(0, 2), (2, 4)]
+    assert model.replicas.last == [(0, 2), (2, 4)]
     model.forward(x[:1])                                    # one sequence
-    assert model._replicas.last is None
+    assert model.replicas.last is None
     model.eval()
     model.forward(x)                                        # evaluation
-    assert model._replicas.last is None
-    caches = model.new_kv_caches(4)
-    model.forward(x[:, :3], caches)                         # generation
-    assert model._replicas.last is None
+    assert model.replicas.last is None
     model.train()
     threads(1)
     model.forward(x)                                        # one thread
-    assert model._replicas.last is None
+    assert model.replicas.last is None
     threads(2)
     monkeypatch.setattr(batch_threads, "MIN_PART_MACS", 10 ** 12)
     model.forward(x)                                        # too little work per part
-    assert model._replicas.last is None
+    assert model.replicas.last is None
     monkeypatch.setattr(batch_threads, "MIN_PART_MACS", 0)
     drop = _model(dropout=0.1)
     drop.forward(x)                                         # dropout masks to draw
-    assert drop._replicas.last is None
+    assert drop.replicas.last is None
 
 
 def test_cut_batch_is_deterministic_and_errors_reach_the_caller(threads):

@@ -1,14 +1,20 @@
-"""The models' listed passes and their twins (issue 31): TinyGPT and Transformer list
-``_forward_whole`` / ``_backward_whole``, the chapters' equations; ``forward`` / ``backward`` check
-their input and run those, or a twin with the same arithmetic (gradient checkpointing, a part of the
-batch written into ``out``). tests/test_recompute.py and tests/test_replicas.py compare whole
-training runs; here each twin is held equal to the listed pass directly."""
+"""One model, one way to run it: TinyGPT and the complete Transformer have one ``forward`` and one
+``backward``, and each way of running them wraps them from outside, with the same arithmetic:
+gradient checkpointing (``Recompute`` standing in for the stack of blocks), the batch cut across
+threads (``BatchCut``) and decoding with a KV cache (``tformer.kv_cache``). tests/test_recompute.py,
+tests/test_replicas.py and tests/test_decode.py hold each strategy in depth; here each is held to
+the model's own pass directly."""
+import inspect
+
 import numpy as np
 import pytest
 
-from tformer.blocks import TINYGPT_PARTS, PostNormGPTBlock, PreNormBlock, modern_parts
+from tformer import kv_cache
+from tformer.blocks import TINYGPT_PARTS, BlockStack, PostNormGPTBlock, PreNormBlock, modern_parts
 from tformer.models.tinygpt import TinyGPT
 from tformer.models.transformer import Transformer
+from tformer.scaling.batch_threads import BatchCut
+from tformer.scaling.recompute import Recompute
 
 
 def _tokens(V, B=3, T=10, seed=0):
@@ -19,58 +25,78 @@ def _grads(model):
     return {n: g.copy() for n, _, g in model.named_parameters()}
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_tinygpt_trains_through_the_listed_pass(dtype, monkeypatch):
-    """Without threads or checkpointing, a training step runs ``_forward_whole`` and
-    ``_backward_whole`` themselves."""
-    model = TinyGPT(d_model=16, n_heads=2, n_layers=2, max_len=16, seed=1, dtype=dtype)
-    called = []
-    for name in ("_forward_whole", "_backward_whole"):
-        fn = getattr(TinyGPT, name)
-        monkeypatch.setattr(TinyGPT, name, lambda self, *a, _fn=fn, _n=name, **k:
-                            called.append(_n) or _fn(self, *a, **k))
-    z = model.forward(_tokens(256))
-    model.backward(np.ones_like(z))
-    assert called == ["_forward_whole", "_backward_whole"]
+@pytest.mark.parametrize("Model", [TinyGPT, Transformer])
+def test_a_model_has_one_forward_and_one_backward(Model):
+    """No twin passes, no decoding step and no strategy state in the model: the strategies are
+    outside it."""
+    names = set(vars(Model))
+    assert not {n for n in names if n.startswith(("_forward", "_backward", "_decode", "_lean"))}
+    assert not names & {"lean_decode", "new_kv_caches", "_replicas", "_recompute"}
+    source = inspect.getsource(Model.forward) + inspect.getsource(Model.backward)
+    for word in ("kv_cache", "replica", "recompute", "decode", "training"):
+        assert word not in source, word
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("checkpointing", [False, True])
-def test_tinygpt_train_twin_equals_listed_pass(dtype, checkpointing):
+def test_tinygpt_checkpointed_stack_equals_the_plain_stack(dtype):
     kw = dict(d_model=16, n_heads=2, n_layers=3, max_len=16, seed=2, dtype=dtype)
-    plain = TinyGPT(**kw)
-    twin = TinyGPT(gradient_checkpointing=checkpointing, **kw)
+    plain, ck = TinyGPT(**kw), TinyGPT(gradient_checkpointing=True, **kw)
+    assert type(plain.blocks) is BlockStack and type(ck.blocks) is Recompute
     x = _tokens(256)
     dz = np.random.default_rng(1).standard_normal((3, 10, 256)).astype(dtype)
-    z0 = plain._forward_whole(x)
-    plain._backward_whole(dz)
-    out = np.empty_like(z0)
-    z1 = twin._forward_train(x, out=out)
-    assert np.array_equal(z0, z1) and np.array_equal(z0, out)          # written into out
-    twin._backward_train(dz)
-    g0, g1 = _grads(plain), _grads(twin)
+    z0, z1 = plain.forward(x), ck.forward(x)
+    assert np.array_equal(z0, z1)
+    assert ck.blocks._saved is not None                              # only segment inputs kept
+    plain.backward(dz)
+    ck.backward(dz)
+    g0, g1 = _grads(plain), _grads(ck)
     assert all(np.array_equal(g0[n], g1[n]) for n in g0)
+    ck.eval()
+    assert np.array_equal(ck.forward(x), z0) and ck.blocks._saved is None    # eval: plain
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_transformer_checkpointed_twin_equals_listed_pass(dtype):
+def test_transformer_checkpointed_stack_equals_the_plain_stack(dtype):
     kw = dict(vocab_size=14, d_model=16, n_heads=2, n_layers=2, d_ff=32, max_len=16, dropout=0.0,
               seed=3, dtype=dtype)
-    plain, twin = Transformer(**kw), Transformer(gradient_checkpointing=True, **kw)
+    plain, ck = Transformer(**kw), Transformer(gradient_checkpointing=True, **kw)
     x = _tokens(14)
     dz = np.random.default_rng(2).standard_normal((3, 10, 14)).astype(dtype)
-    z0 = plain._forward_whole(x, None)
-    z1 = twin._forward_train(x, None)
-    assert np.array_equal(z0, z1)
-    plain._backward_whole(dz)
-    twin._backward_train(dz)
-    g0, g1 = _grads(plain), _grads(twin)
+    assert np.array_equal(plain.forward(x), ck.forward(x))
+    plain.backward(dz)
+    ck.backward(dz)
+    g0, g1 = _grads(plain), _grads(ck)
     assert all(np.array_equal(g0[n], g1[n]) for n in g0)
+
+
+@pytest.mark.parametrize("Model, V", [(TinyGPT, 256), (Transformer, 14)])
+def test_batch_cut_on_one_thread_is_the_model(Model, V):
+    """On one thread (as notebooks and tests run) ``BatchCut`` runs the model's own passes."""
+    kw = dict(d_model=16, n_heads=2, n_layers=2, max_len=16, seed=4, dtype=np.float64)
+    if Model is Transformer:
+        kw.update(vocab_size=V, d_ff=32, dropout=0.0)
+    a, b = Model(**kw), Model(**kw)
+    x = _tokens(V)
+    dz = np.random.default_rng(3).standard_normal((3, 10, V))
+    net = BatchCut(b)
+    assert np.array_equal(a.forward(x), net.forward(x)) and net.replicas.last is None
+    a.backward(dz)
+    net.backward(dz)
+    g0, g1 = _grads(a), _grads(b)
+    assert all(np.array_equal(g0[n], g1[n]) for n in g0)
+
+
+def test_the_general_decode_step_is_the_models_forward_on_one_position():
+    """The general cached step of a one-token prompt is the model's forward of that token."""
+    model = TinyGPT(d_model=16, n_heads=2, n_layers=2, max_len=16, seed=5).eval()
+    x = _tokens(256, B=2, T=1)
+    step = kv_cache.Decoder(model, lean=False)
+    assert np.array_equal(step(x, kv_cache.new_caches(model, 2)), model.forward(x))
 
 
 @pytest.mark.parametrize("Block", [PreNormBlock, PostNormGPTBlock])
-def test_modern_parts_with_defaults_build_seed_004s_block(Block):
-    """``modern_parts()`` with its defaults gives the same layers as seed 004's parts: the same
+def test_modern_parts_with_defaults_build_tinygpts_block(Block):
+    """``modern_parts()`` with its defaults gives the same layers as TinyGPT's parts: the same
     parameters from the same seed, the same output."""
     a = Block(8, 2, 16, dtype=np.float64, seed=4)
     b = Block(8, 2, 16, dtype=np.float64, seed=4, parts=modern_parts())

@@ -12,6 +12,8 @@ from tformer.data.text import (STDLIB_MODULES, TextData, bits_per_byte, decode, 
 from tformer.generate import greedy, sample, sample_from_logits, top_k_filter, top_p_filter
 from tformer.gradcheck import check_module
 from tformer.models.tinygpt import TinyGPT
+
+from kv_steps import cached_logits
 from tformer.optim import AdamW
 
 
@@ -111,12 +113,10 @@ def test_torch_parity_logits_and_every_gradient(n_heads):
 def test_kv_cache_logits_equal_full_recomputation_at_every_step(n_heads):
     model = randomize(tiny(n_heads, max_len=16), seed=11)
     seq = tokens(2, 16, seed=12)
-    caches = model.new_kv_caches(2)
-    cached = [model.forward(seq[:, :4], kv_caches=caches)]                   # prefill, (B, 4, V)
+    cached, _ = cached_logits(model, seq, 4)                 # prefill (B, 4, V), then (B, 1, V) each
     for t in range(4, 16):
-        cached.append(model.forward(seq[:, t:t + 1], kv_caches=caches))       # one new position
         full = model.forward(seq[:, :t + 1])                                  # (B, t + 1, V)
-        np.testing.assert_allclose(cached[-1][:, 0], full[:, -1], rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(cached[t - 3][:, 0], full[:, -1], rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(np.concatenate(cached, axis=1), model.forward(seq), rtol=1e-12, atol=1e-12)
 
 
@@ -142,7 +142,7 @@ def test_prompt_longer_than_max_len_is_cropped():
 
 
 def test_greedy_works_on_a_model_without_a_cache_and_stops():
-    class Counter:          # logits favour (last token + 1) mod V; no new_kv_caches
+    class Counter:          # logits favour (last token + 1) mod V; no KV cache
         training, max_len = False, None
 
         def train(self, mode=True):

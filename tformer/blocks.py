@@ -9,6 +9,8 @@
   the residual sums, X ← LN(X + MHA(X)),  X ← LN(X + FFN(X)): the post-norm wiring of the
   complete Transformer and the post-LN encoder, with every option of the modern block and the
   KV cache.
+- ``BlockStack``: the blocks of a model in order, X ← block_i(X) for i = 1 … L, as one module
+  (``tformer.scaling.recompute.Recompute`` stands in for it with gradient checkpointing).
 
 Shapes: ``x: (B, T, C)`` -> ``(B, T, C)``. Each residual sum sends its gradient down both paths,
 so every backward adds the branch's input gradient to the skip connection's.
@@ -18,7 +20,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from .attention import MultiHeadAttention
-from .layers import Dropout, FeedForward, LayerNorm, Module, _rng
+from .layers import Dropout, FeedForward, LayerNorm, Module, ModuleList, _rng
 from .modern_layers import SwiGLUFeedForward, norm_layer
 
 
@@ -164,3 +166,21 @@ class PostNormGPTBlock(PreNormBlock):
         dz = self.ffn.backward(self.drop2.backward(da)) + da            # ∂L/∂Z: branch + skip
         db = self.ln1.backward(dz)                                      # ∂L/∂(X + MHA(X))
         return self.attn.backward(self.drop1.backward(db)) + db         # ∂L/∂X: branch + skip
+
+
+class BlockStack(ModuleList):
+    """X ← block_i(X) for i = 1 … L; backward: dX ← block_iᵀ(dX) for i = L … 1.
+
+    ``x: (B, T, C)`` -> ``(B, T, C)``; extra arguments (a padding mask) go to every block. The
+    blocks are children ``0`` … ``L−1``, so parameter names read ``blocks.0.ln1.gamma``.
+    """
+
+    def forward(self, x, *args):
+        for block in self._items:
+            x = block(x, *args)                                         # (B, T, C)
+        return x
+
+    def backward(self, dy):
+        for block in reversed(self._items):
+            dy = block.backward(dy)                                     # (B, T, C)
+        return dy

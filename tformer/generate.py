@@ -1,9 +1,10 @@
 """Decoding from token models: greedy and sampling (temperature, top-k, top-p), with a KV cache.
 
-A token model is anything with ``forward(tokens: (B, T) ints) -> logits: (B, T, V)``. When it also
-has ``new_kv_caches(B)`` (TinyGPT), decoding runs the prompt once to fill one key/value cache per
-block and then feeds one new token per step: step ``t`` costs O(t) attention work instead of a full
-O(t²) recomputation, and the logits are the same (``tests/test_seed_004.py`` checks every step).
+A token model is anything with ``forward(tokens: (B, T) ints) -> logits: (B, T, V)``. When it can
+decode with a key/value cache (``tformer.kv_cache.supports``: TinyGPT), decoding runs the prompt
+once to fill one cache per block and then feeds one new token per step: step ``t`` costs O(t)
+attention work instead of a full O(t²) recomputation, and the logits are the same
+(``tests/test_decode.py`` checks every step).
 
 Context longer than the model's ``max_len``: only the last ``max_len`` tokens are fed (the
 prompt is cropped on the left, as nanoGPT does). With learned or sinusoidal positions, sliding the
@@ -14,6 +15,7 @@ tokens without the cache.
 """
 import numpy as np
 
+from . import kv_cache
 from ._validate import index_range, int_array
 
 
@@ -113,7 +115,7 @@ def _decode(model, prompt, max_new_tokens, pick, stop_token=None, use_cache=True
     """Append ``max_new_tokens`` tokens chosen by ``pick(last_logits: (B, V)) -> (B,)``."""
     _check_decode(model, prompt, max_new_tokens)
     max_len = getattr(model, "max_len", None)
-    cached = use_cache and hasattr(model, "new_kv_caches") and max_len is not None
+    step = kv_cache.Decoder(model) if use_cache and kv_cache.supports(model) else None
     was_training = model.training
     model.eval()
     try:
@@ -121,7 +123,7 @@ def _decode(model, prompt, max_new_tokens, pick, stop_token=None, use_cache=True
         done = np.zeros(out.shape[0], bool)
         caches = None
         for _ in range(max_new_tokens):
-            logits, caches = _next_logits(model, out, caches, cached, max_len)   # (B, ·, V)
+            logits, caches = _next_logits(model, out, caches, step, max_len)     # (B, ·, V)
             nxt = np.asarray(pick(logits[:, -1]), dtype=np.int64)              # (B,)
             if stop_token is not None:
                 nxt = np.where(done, stop_token, nxt)
@@ -134,18 +136,19 @@ def _decode(model, prompt, max_new_tokens, pick, stop_token=None, use_cache=True
         model.train(was_training)
 
 
-def _next_logits(model, out, caches, cached, max_len):
+def _next_logits(model, out, caches, step, max_len):
     """The logits after the tokens ``out`` (B, T), and the caches for the next step.
 
-    With a filled cache only the last token is fed (B, 1, V); otherwise the last ``max_len``
-    tokens are fed whole (B, ≤ max_len, V), filling a new cache while there is room left."""
+    With a filled cache only the last token is fed through ``step`` (a ``kv_cache.Decoder``;
+    (B, 1, V)); otherwise the last ``max_len`` tokens are fed whole (B, ≤ max_len, V), filling
+    new caches while there is room left, else through the model's own forward pass."""
     T = out.shape[1]
-    if cached and caches is not None and T <= max_len:
-        return model.forward(out[:, -1:], kv_caches=caches), caches           # (B, 1, V)
+    if step is not None and caches is not None and T <= max_len:
+        return step(out[:, -1:], caches), caches                              # (B, 1, V)
     ctx = out if max_len is None else out[:, -max_len:]                       # (B, ≤ max_len)
-    if cached and T < max_len:                                                # room left: (re)fill
-        caches = model.new_kv_caches(out.shape[0])
-        return model.forward(ctx, kv_caches=caches), caches                   # (B, T, V)
+    if step is not None and T < max_len:                                      # room left: (re)fill
+        caches = kv_cache.new_caches(model, out.shape[0])
+        return step(ctx, caches), caches                                      # (B, T, V)
     return model.forward(ctx), None                                           # (B, T, V)
 
 

@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 from . import functional as F
-from .fast import linear as fast_linear
+from .fast import decode as fast_decode, linear as fast_linear
 from .fast import activations as fast_act, dropout as fast_dropout, embedding as fast_emb, layernorm as fast_ln
 from ._validate import float_array
 
@@ -231,6 +231,11 @@ class Linear(Module):
         # computed them (side by side with dX), not afterwards on this one.
         dx, _, _ = fast_linear.linear_backward(dy, self._cache, accumulate=(self.grads["W"], self.grads.get("b")))
         return dx
+
+    def rows(self, x):
+        """Y = X W + b for the rows ``x: (N, d_in)`` of one decoding step, unsplit, nothing kept
+        for a backward pass (``tformer.kv_cache``): the bits of ``forward`` on the same rows."""
+        return fast_decode.linear_rows(x, self.W, self.b)
 
 
 class Embedding(Module):

@@ -86,6 +86,13 @@ class LoRALinear(Module):
         dx += dh @ self.A.T                           # + s (dY Bᵀ) Aᵀ
         return dx.reshape(shape)
 
+    def rows(self, x):
+        """The rows ``x: (N, C_in)`` of one decoding step (``tformer.kv_cache``): X W + b by the
+        base layer's ``rows``, + s (X A) B, the arithmetic of ``forward``."""
+        y = self.base.rows(x)                         # (N, C_out)
+        y += self.scale * ((x @ self.A) @ self.B)     # + s (X A) B
+        return y
+
     @property
     def W(self):
         """The frozen base weight (its shape and dtype are the layer's; the layer computes with
@@ -165,8 +172,6 @@ def apply_lora(model, r, alpha=None, targets=("attn",), seed=0):
     object.__setattr__(model, "lora", {"r": r, "alpha": alpha,
                                        "targets": [targets] if isinstance(targets, str) else list(targets),
                                        "layers": paths})
-    if "lean_decode" in dir(model):
-        object.__setattr__(model, "lean_decode", False)
     if getattr(model, "_flat", None) is not None:
         model.flatten_parameters()
     return paths
@@ -180,8 +185,6 @@ def merge_lora(model):
             child.base.W[...] = child.merged_weight()
             _replace(parent, name, child.base)
     object.__setattr__(model, "lora", None)
-    if "lean_decode" in vars(model):
-        object.__delattr__(model, "lean_decode")            # the class's default again
     if getattr(model, "_flat", None) is not None:
         model.flatten_parameters()
     return model

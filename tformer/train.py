@@ -18,9 +18,11 @@ import time
 import numpy as np
 
 from .checkpoint import save_checkpoint
+from .layers import Module
 from .optim import clip_grad_norm
 from .progress import progress
 from .runlog import write_history
+from .scaling.batch_threads import BatchCut
 
 NO_CLIP = float(np.finfo(np.float64).max)
 
@@ -65,16 +67,15 @@ def train(model, optimizer, batch, forward_loss, steps, *, start_step=0, accum_s
     ``(step, metrics)`` pairs); with ``precision`` also ``loss_scale`` (S of each logged step) and
     ``skipped`` (the steps skipped on overflow; their ``grad_norm`` is NaN).
     """
-    mp, dp, hist = _setup(accum_steps, steps, start_step, precision, data_parallel)
-    mp.refresh()                                   # the copies follow the masters (e.g. just loaded)
+    mp, dp, hist, net = _setup(model, accum_steps, steps, start_step, precision, data_parallel)
     last_good, t0 = None, time.perf_counter()
-    model.train()
     bar = progress(range(start_step + 1, steps + 1), enabled=progress_bar, desc=desc)
     for step in bar:
         if lr_schedule is not None:
             optimizer.lr = lr_schedule(step)
         scale = mp.loss_scale
-        loss, cause = accumulate_gradients(model, batch, forward_loss, step, accum_steps, mp, dp)
+        loss, cause = accumulate_gradients(model, batch, forward_loss, step, accum_steps, mp, dp,
+                                           net)
         _stop_unless_finite(loss, "the loss", step, last_good, cause)
         norm = _update(model, optimizer, clip_norm, mp, dp, hist, step, last_good)
         if step % log_every == 0 or step == steps:
@@ -88,13 +89,16 @@ def train(model, optimizer, batch, forward_loss, steps, *, start_step=0, accum_s
     return hist
 
 
-def _setup(accum_steps, steps, start_step, precision, data_parallel):
-    """``train``'s arguments checked; returns its precision policy, its data-parallel policy
-    (each doing nothing when not given) and an empty history."""
+def _setup(model, accum_steps, steps, start_step, precision, data_parallel):
+    """``train``'s arguments checked and the model in training mode; returns its precision
+    policy, its data-parallel policy (each doing nothing when not given), an empty history and
+    what runs the passes (``_runner``)."""
     _check_args(accum_steps, steps, start_step, precision, data_parallel)
     mp = precision if precision is not None else FULL_PRECISION
     dp = data_parallel if data_parallel is not None else ONE_PROCESS
-    return mp, dp, _new_history(precision is not None)
+    mp.refresh()                                   # the copies follow the masters (e.g. just loaded)
+    model.train()
+    return mp, dp, _new_history(precision is not None), _runner(model)
 
 
 def _update(model, optimizer, clip_norm, mp, dp, hist, step, last_good):
@@ -137,18 +141,28 @@ def _show(bar, loss, norm):
         bar.set_postfix(loss=f"{loss:.4g}", gnorm=f"{norm:.3g}", refresh=False)
 
 
-def accumulate_gradients(model, batch, forward_loss, step, accum_steps, mp, dp):
+def _runner(model):
+    """What runs the forward and backward passes: the model (or, under a view of its trainable
+    part such as LoRA's ``Adapters``, the model it views) with each batch cut across threads where
+    that pays (``tformer.scaling.batch_threads.BatchCut``)."""
+    inner = model if isinstance(model, Module) else getattr(model, "model", None)
+    return BatchCut(inner) if isinstance(inner, Module) else model
+
+
+def accumulate_gradients(model, batch, forward_loss, step, accum_steps, mp, dp, net=None):
     """The step's loss L = (1/k) Σ_i Σ_j w_j L_ij over its k micro-batches (each batch possibly cut
     into weighted parts j), and ∂L/∂θ accumulated into the model's gradients: each backward pass
     starts from w_j · dout / k (times S with mixed precision). With several processes the gradient
     and the loss are then averaged over the ranks. Returns ``(loss, cause)``: ``cause`` is the
-    error of a loss kernel that refused inf/NaN input (the loss is then NaN), else None."""
+    error of a loss kernel that refused inf/NaN input (the loss is then NaN), else None. ``net``
+    (default ``model``) runs the forward and backward passes."""
+    net = model if net is None else net
     model.zero_grad()
     loss, cause = 0.0, None
     for i in range(accum_steps):
         for w, b in micro_batches(batch((step - 1) * accum_steps + i)):
             try:
-                l, dout = forward_loss(model, b)
+                l, dout = forward_loss(net, b)
             except FloatingPointError as e:        # a loss kernel refusing inf/NaN input
                 l, cause = float("nan"), e
             loss += w * l / accum_steps
@@ -158,7 +172,7 @@ def accumulate_gradients(model, batch, forward_loss, step, accum_steps, mp, dp):
                 continue                           # the other ranks wait for this one's gradient
             dout = dout / accum_steps if accum_steps > 1 else dout
             dout = dout * w if w != 1.0 else dout
-            mp.backward(model, dout)               # from S · dout, in the low precision if mixed
+            mp.backward(net, dout)                 # from S · dout, in the low precision if mixed
     return dp.reduce_gradients(model, loss), cause       # g ← (1/p) Σ_r g_r, and the mean loss
 
 

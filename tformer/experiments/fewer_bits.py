@@ -32,6 +32,7 @@ from ..data.text import encode
 from ..generate import sample
 from ..models.tinygpt import TinyGPT
 from ..optim import AdamW, clip_grad_norm, cosine_with_warmup
+from ..scaling.batch_threads import Replicas
 from ..scaling.precision import precision_policy
 from .provenance import record
 from ..scaling.quantize import quantize_model, save_quantized
@@ -43,6 +44,11 @@ from .timing import interleaved
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 DEFAULT_OUT = "book/data/fewer_bits.json"
+
+
+def batch_cut(model, a):
+    """Did ``train`` cut this run's batches across threads (``tformer.scaling.batch_threads``)?"""
+    return Replicas(model).split(a.batch_size, a.max_len) is not None
 
 
 def add_arguments(p):
@@ -278,7 +284,7 @@ def main(args):
                "eval": [[s, m] for s, m in hist["eval"]], "val_bpb": final["val_bpb"],
                "train_bpb": final["train_bpb"], "seconds": seconds,
                # the thread count, and whether the batch was cut across the threads (the default)
-               "threads": parallel.get_num_threads(), "batch_cut": bool(model._replicas._copies)}
+               "threads": parallel.get_num_threads(), "batch_cut": batch_cut(model, a)}
         if precision is not None:
             run["history"]["loss_scale"] = hist["loss_scale"]
             run["skipped"] = hist["skipped"]

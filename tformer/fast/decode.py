@@ -123,21 +123,22 @@ def attention_one(qkv, cache, H, scale, ones_L):
 def block_step(x, blk, cache, ones_C, ones_L):
     """One pre-norm block on the new positions ``x: (B, C)`` -> ``(B, C)``; fills
     ``cache``. ``blk`` is a ``PreNormBlock`` with LayerNorm, a fused W_qkv, multi-head
-    attention (H_kv = H), no RoPE, the plain kernel and a GELU (tanh) MLP; its parameters
-    are read as they are now.
+    attention (H_kv = H), no RoPE, the plain kernel and a GELU (tanh) MLP. Every linear
+    map computes through its own layer's ``rows`` (a float, int8 or LoRA layer, each with
+    its own arithmetic); the norms' parameters are read as they are now.
     """
     attn, ffn = blk.attn, blk.ffn
     B, C = x.shape
     a = layernorm_rows(x, blk.ln1.gamma, blk.ln1.beta, blk.ln1.eps, ones_C)
-    qkv = linear_rows(a, attn.qkv.W, attn.qkv.b).reshape(B, 1, 3 * C)
+    qkv = attn.qkv.rows(a).reshape(B, 1, 3 * C)
     H = attn.n_heads
     scale = 1.0 / math.sqrt(C // H) if attn.scale is None else float(attn.scale)
     merged, attn.att = attention_one(qkv, cache, H, scale, ones_L)
     attn._cache = None                                   # no backward after a cached step
-    h = linear_rows(merged.reshape(B, C), attn.o.W, attn.o.b)
+    h = attn.o.rows(merged.reshape(B, C))
     h += x                                               # X + MHA(LN(X))
     a = layernorm_rows(h, blk.ln2.gamma, blk.ln2.beta, blk.ln2.eps, ones_C)
-    f = gelu_rows(linear_rows(a, ffn.fc1.W, ffn.fc1.b))
-    out = linear_rows(f, ffn.fc2.W, ffn.fc2.b)
+    f = gelu_rows(ffn.fc1.rows(a))
+    out = ffn.fc2.rows(f)
     out += h                                             # X + FFN(LN(X))
     return out

@@ -12,13 +12,11 @@ import numpy as np
 
 from .. import functional as F
 from .._validate import index_range, int_array
-from ..fast import decode
 from ..attention import check_attention
-from ..blocks import PostNormGPTBlock, PreNormBlock, modern_parts
-from ..layers import Embedding, Linear, Module, ModuleList
+from ..blocks import BlockStack, PostNormGPTBlock, PreNormBlock, modern_parts
+from ..layers import Embedding, Linear, Module
 from ..modern_layers import NORMS, TiedLinear, norm_layer
 from ..scaling.recompute import Recompute, check_checkpointing
-from ..scaling.batch_threads import Replicas
 
 POSITIONS = ("learned", "sinusoidal", "rope")
 MLPS = ("gelu", "relu", "swiglu")
@@ -53,10 +51,15 @@ class TinyGPT(Module):
     T × T": the same model and the same results up to rounding, in O(T) memory per head instead
     of O(T²)).
 
-    ``gradient_checkpointing=True``: in training, each segment of ``blocks_per_segment`` blocks keeps
-    only its input and recomputes its forward pass during the backward (``tformer.scaling.recompute``,
-    "Fitting in memory"): the same gradients bit for bit, less memory, one more forward pass of
-    the blocks.
+    ``gradient_checkpointing=True``: the stack of blocks is a ``tformer.scaling.recompute.Recompute``
+    ("Fitting in memory"): in training each segment of ``blocks_per_segment`` blocks keeps only its
+    input and recomputes its forward pass during the backward; the same gradients bit for bit,
+    less memory, one more forward pass of the blocks. ``forward`` and ``backward`` are the same
+    either way.
+
+    How the model is run is decided outside it: the batch cut across threads
+    (``tformer.scaling.batch_threads.BatchCut``, which ``tformer.train`` wraps around it), and
+    decoding with a KV cache (``tformer.kv_cache``, through each layer's own arithmetic).
 
     Everything is kept in ``model.config`` (and so in checkpoints), with ``d_ff`` and
     ``n_kv_heads`` resolved to numbers.
@@ -90,9 +93,10 @@ class TinyGPT(Module):
         self.pe = F.sinusoidal_positions(max_len, C, dtype) if positions == "sinusoidal" else None
         Block = NORM_POSITIONS[norm_position]
         parts = modern_parts(norm, n_kv_heads, positions == "rope", attention)
-        self.blocks = ModuleList(Block(C, n_heads, d_ff or 4 * C, activation=mlp, dropout=dropout,
-                                       rng=self.rng, dtype=dtype, parts=parts)
-                                 for _ in range(n_layers))
+        blocks = [Block(C, n_heads, d_ff or 4 * C, activation=mlp, dropout=dropout, rng=self.rng,
+                        dtype=dtype, parts=parts) for _ in range(n_layers)]
+        self.blocks = (Recompute(blocks, blocks_per_segment) if gradient_checkpointing
+                       else BlockStack(blocks))
         self.ln_f = norm_layer(norm, C, 1e-5, dtype)
         if tie_embeddings:
             self.lm_head = TiedLinear(self.wte, bias=True)
@@ -100,177 +104,59 @@ class TinyGPT(Module):
             self.lm_head = Linear(C, vocab_size, True, self.rng, dtype, init_std=0.02)
         self.flatten_parameters()          # one flat buffer of parameters, one of gradients
         self.max_len = max_len
-        self._positions = (0, 0)
-        self._recompute = (Recompute(self.blocks, blocks_per_segment) if gradient_checkpointing
-                           else None)
-        self._recomputed = False           # did the last forward pass go through _recompute?
-        self._replicas = Replicas(self)    # training with threads: the batch cut across them
-        # The lean one-token step (tformer.fast.decode) is TinyGPT's default block only.
-        self._lean = (norm == "layernorm" and positions != "rope" and mlp == "gelu"
-                      and n_kv_heads == n_heads and attention == "plain"
-                      and norm_position == "pre" and not tie_embeddings)
 
-    def forward(self, tokens, kv_caches=None):
-        """tokens: (B, T) -> logits (B, T, V). With ``kv_caches`` (one per block, inference only) the
-        tokens are the new positions that follow those already in the caches.
+    def forward(self, tokens):
+        """tokens: (B, T) -> logits (B, T, V).
 
-        The entry point: it checks its input once, then runs ``_forward_whole`` (the chapter's
-        equation) or, for speed or memory, one of its twins, each held equal to it by the tests:
-        the lean one-token decode step (``_decode_step``, Performance), the training batch cut
-        across threads (``tformer.scaling.batch_threads``, Performance) and gradient checkpointing
-        (``_forward_train``, Fitting in memory).
-
-        An empty batch (B = 0) or empty sequences (T = 0) raise ValueError: there is nothing to
-        predict, and a mean loss over zero targets would be NaN. ``start + T`` positions (start =
-        those already cached) must fit ``max_len``, else ValueError; ``tformer.generate`` crops a
-        longer context on the left before it calls this."""
-        start = self._check_input(tokens, kv_caches)
-        B, T = tokens.shape
-        if kv_caches and T == 1 and self._lean_step(B):
-            return self._decode_step(tokens, kv_caches, start)     # (B, 1, V)
-        cut = None if kv_caches or not self.training else self._replicas.split(B, T)
-        if cut is not None:
-            # Training with threads: each part of the batch runs whole on one thread, the first
-            # on this model, the others on replicas (tformer.scaling.batch_threads).
-            out = np.empty((B, T, self.config["vocab_size"]), self.lm_head.W.dtype)   # (B, T, V)
-            return self._replicas.forward(
-                lambda m, tok, o: m._forward_train(tok, out=o), tokens, cut, out)
-        self._replicas.last = None
-        if self.training and self._recompute is not None and not kv_caches:
-            return self._forward_train(tokens)                  # gradient checkpointing
-        self._recomputed = False
-        return self._forward_whole(tokens, kv_caches, start)
-
-    def _check_input(self, tokens, kv_caches):
-        """``forward``'s checks; returns ``start``, the number of positions already cached."""
-        int_array("tokens", tokens, ndim=2)
-        B, T = tokens.shape
-        if B == 0 or T == 0:
-            raise ValueError(f"tokens: expected at least one sequence (B ≥ 1) of at least one token "
-                             f"(T ≥ 1), got shape {tokens.shape}")
-        if kv_caches and len(kv_caches) != len(self.blocks):
-            raise ValueError(f"kv_caches: expected one per block ({len(self.blocks)}), "
-                             f"got {len(kv_caches)}")
-        start = kv_caches[0].t if kv_caches else 0
-        if start + T > self.max_len:
-            raise ValueError(f"tokens: {start + T} positions exceed max_len = {self.max_len}")
-        index_range("tokens", tokens, 0, self.config["vocab_size"])   # the embedding does not check
-        return start
-
-    def _forward_whole(self, tokens, kv_caches=None, start=0):
-        """TinyGPT: tokens (B, T) -> logits (B, T, V), after ``start`` cached positions.
-
-            X = W_te[tokens] + W_pe[start:start+T]      (B, T, C)
+            X = W_te[tokens] + W_pe[:T]                 (B, T, C)
             X ← block(X)                                n_layers times
             Z = LN_f(X) W_lm + b_lm                     (B, T, V)
+
+        ``tokens`` must be an integer array (B, T) with B ≥ 1, 1 ≤ T ≤ max_len and ids in [0, V),
+        else ValueError or TypeError naming ``tokens`` (an empty batch has nothing to predict).
         """
+        check_tokens(tokens, self.max_len, self.config["vocab_size"])
+        x = self.embed(tokens)                                          # (B, T, C)
+        x = self.blocks(x)                                              # (B, T, C)
+        return self.lm_head(self.ln_f(x))                               # (B, T, V)
+
+    def embed(self, tokens, start=0):
+        """X = W_te[tokens] + W_pe[start:start+T]: (B, T) -> (B, T, C), a fresh array.
+
+        W_pe[start:start+T] is the same (T, C) block for every sequence: it is added by
+        broadcasting instead of being gathered B times (its gradient is a sum over the batch).
+        ``start``: positions already in a KV cache (``tformer.kv_cache``)."""
         T = tokens.shape[1]
-        # W_pe[start:start+T] is the same (T, C) block for every sequence: it is added by
-        # broadcasting instead of being gathered B times, and its gradient is a sum over the batch.
-        x = self.wte(tokens)                                            # (B, T, C), a fresh gather
+        x = self.wte(tokens)                                            # (B, T, C), a gather
         if self.wpe is not None:
             x += self.wpe.W[start:start + T]                            # + W_pe[pos], (T, C)
         elif self.pe is not None:
             x += self.pe[start:start + T]                               # + PE[pos], fixed
-        self._positions = (start, T)
-        for i, block in enumerate(self.blocks):
-            x = block(x, None, kv_caches[i] if kv_caches else None)   # (B, T, C)
-        h = self.ln_f(x)                                               # (B, T, C)
-        return self.lm_head(h)                                         # (B, T, V)
-
-    def _forward_train(self, tokens, out=None):
-        """``_forward_whole`` in training (no cache, start 0), with its two options: the logits
-        written into ``out`` (a part of the batch cut across threads) and, with
-        ``gradient_checkpointing``, the blocks run through ``tformer.scaling.recompute`` (only
-        each segment's input kept). The same arithmetic (tests/test_recompute.py,
-        tests/test_replicas.py)."""
-        T = tokens.shape[1]
-        x = self.wte(tokens)                                            # (B, T, C)
-        if self.wpe is not None:
-            x += self.wpe.W[:T]
-        elif self.pe is not None:
-            x += self.pe[:T]
-        self._positions = (0, T)
-        self._recomputed = self._recompute is not None
-        if self._recomputed:
-            x = self._recompute.forward(x, None)                       # keeps segment inputs only
-        for block in () if self._recomputed else self.blocks:
-            x = block(x, None, None)                                   # (B, T, C)
-        h = self.ln_f(x)                                               # (B, T, C)
-        return self.lm_head(h) if out is None else self.lm_head(h, out=out)   # (B, T, V)
-
-    lean_decode = True   # False: every step through the general layers (tests compare)
-
-    def _lean_step(self, B):
-        """Can one new token per sequence go through ``fast.decode`` (TinyGPT's default block,
-        in inference, in float32/float64, at a size it does not split across threads)?"""
-        cfg = self.config
-        return (self._lean and self.lean_decode and not self.training
-                and self.wte.W.dtype in decode.DTYPES
-                and decode.no_split(B, cfg["d_model"], cfg["d_ff"], cfg["n_heads"]))
-
-    def _decode_step(self, tokens, kv_caches, start):
-        """One new token per sequence after ``start`` cached ones, through
-        ``fast.decode``: the general layers' arithmetic in a fifth of the Python calls.
-        -> (B, 1, V)."""
-        B = tokens.shape[0]
-        W = self.wte.W
-        x = W[tokens[:, 0]]                                   # (B, C), a fresh gather
-        x += self.wpe.W[start] if self.wpe is not None else self.pe[start]
-        C = x.shape[1]
-        ones_C, ones_L = np.full(C, 1.0 / C, x.dtype), np.ones(self.max_len, x.dtype)
-        with np.errstate(over="ignore", under="ignore"):     # GELU's e^{−2u} → inf: exact
-            for blk, cache in zip(self.blocks, kv_caches):
-                x = decode.block_step(x, blk, cache, ones_C, ones_L)   # (B, C)
-        ln = self.ln_f
-        x = decode.layernorm_rows(x, ln.gamma, ln.beta, ln.eps, ones_C)
-        self._positions, self._recomputed = (start, 1), False
-        head = self.lm_head
-        return decode.linear_rows(x, head.W, head.b)[:, None]       # (B, 1, V)
+        return x
 
     def backward(self, dlogits):
         """dlogits: (B, T, V) -> None (tokens have no gradient); accumulates every parameter's
-        gradient, by the twin of whichever pass ``forward`` ran."""
-        cut = self._replicas.last
-        if cut is not None:
-            start, T = self._positions
-            expected = (cut[-1][1], T, self.config["vocab_size"])
-            if getattr(dlogits, "shape", None) != expected:
-                raise ValueError(f"dlogits: expected shape {expected} (the last forward output's), "
-                                 f"got {getattr(dlogits, 'shape', type(dlogits).__name__)}")
-            self._replicas.backward(TinyGPT._backward_train, dlogits)
-            return None
-        return self._backward_train(dlogits)
-
-    def _backward_whole(self, dlogits):
-        """The backward pass of ``_forward_whole``: dlogits (B, T, V) -> None; every parameter's
-        gradient accumulated, the blocks in reverse order."""
+        gradient, the blocks in reverse order."""
         dx = self.ln_f.backward(self.lm_head.backward(dlogits))        # (B, T, C)
-        for block in reversed(self.blocks._items):
-            dx = block.backward(dx)                                    # (B, T, C)
+        dx = self.blocks.backward(dx)                                  # (B, T, C)
         # dW_te += the scatter-add of dX (tied: added to the head's (HᵀdZ)ᵀ, already in dW_te)
         self.wte.backward(dx)
         if self.wpe is not None:
-            start, T = self._positions
-            self.wpe.grads["W"][start:start + T] += dx.sum(axis=0)     # Σ_b dX[b], (T, C)
+            self.wpe.grads["W"][:dx.shape[1]] += dx.sum(axis=0)        # Σ_b dX[b], (T, C)
         return None
 
-    def _backward_train(self, dlogits):
-        """The backward pass of the last forward: ``_backward_whole``, or with gradient
-        checkpointing the same steps with the blocks re-run segment by segment."""
-        if not self._recomputed:
-            return self._backward_whole(dlogits)
-        dx = self.ln_f.backward(self.lm_head.backward(dlogits))        # (B, T, C)
-        dx = self._recompute.backward(dx)                              # re-runs each segment
-        self.wte.backward(dx)
-        if self.wpe is not None:
-            start, T = self._positions
-            self.wpe.grads["W"][start:start + T] += dx.sum(axis=0)
-        return None
 
-    def new_kv_caches(self, B):
-        """One empty KV cache per block, for ``B`` sequences of up to ``max_len`` positions."""
-        return [blk.attn.new_cache(B, self.max_len) for blk in self.blocks]
+def check_tokens(tokens, max_len, vocab_size, start=0):
+    """A token model's input: integers (B, T), B ≥ 1, T ≥ 1, ``start + T ≤ max_len`` (``start``:
+    positions already cached), ids in [0, V); ValueError or TypeError naming ``tokens``."""
+    int_array("tokens", tokens, ndim=2)
+    B, T = tokens.shape
+    if B == 0 or T == 0:
+        raise ValueError(f"tokens: expected at least one sequence (B ≥ 1) of at least one token "
+                         f"(T ≥ 1), got shape {tokens.shape}")
+    if start + T > max_len:
+        raise ValueError(f"tokens: {start + T} positions exceed max_len = {max_len}")
+    index_range("tokens", tokens, 0, vocab_size)                        # the embedding does not check
 
 
 def _check_modern(d_model, n_heads, norm, positions, mlp, n_kv_heads, tie_embeddings):

@@ -19,8 +19,8 @@ import numpy as np
 from .. import functional as F
 from .._validate import attention_mask, index_range, token_batch, upstream
 from ..attention import check_attention
-from ..blocks import PostNormBlock
-from ..layers import Dropout, Embedding, LayerNorm, Linear, Module, ModuleList, SinusoidalPositions
+from ..blocks import BlockStack, PostNormBlock
+from ..layers import Dropout, Embedding, LayerNorm, Linear, Module, SinusoidalPositions
 from ..scaling.recompute import Recompute, check_checkpointing
 
 
@@ -74,17 +74,16 @@ class Transformer(Module):
         self.embed = Embedding(vocab_size, C, self.rng, dtype, init_std=1.0 / self.emb_scale)
         self.pos = SinusoidalPositions(max_len, C, dtype)
         self.drop = Dropout(dropout, self.rng)
-        self.blocks = ModuleList(PostNormBlock(C, n_heads, d_ff, dropout=dropout, activation="relu",
-                                               bias=True, causal=True, rng=self.rng, dtype=dtype,
-                                               attention=attention)
-                                 for _ in range(n_layers))
+        blocks = [PostNormBlock(C, n_heads, d_ff, dropout=dropout, activation="relu", bias=True,
+                                causal=True, rng=self.rng, dtype=dtype, attention=attention)
+                  for _ in range(n_layers)]
+        # gradient checkpointing: a stack that keeps only its segments' inputs (Fitting in memory)
+        self.blocks = (Recompute(blocks, blocks_per_segment) if gradient_checkpointing
+                       else BlockStack(blocks))
         self.ln_f = LayerNorm(C, dtype=dtype)
         self.proj = Linear(C, vocab_size, True, self.rng, dtype)
         self.flatten_parameters()          # one flat buffer of parameters, one of gradients
         self.vocab_size, self.max_len, self.pad_idx = vocab_size, max_len, pad_idx
-        self._recompute = (Recompute(self.blocks, blocks_per_segment) if gradient_checkpointing
-                           else None)
-        self._recomputed = False           # did the last forward pass go through _recompute?
         self._out = None                   # (shape, dtype) of the last forward output
 
     def forward(self, tokens, padding_mask=None):
@@ -94,17 +93,28 @@ class Transformer(Module):
         attended to; by default ``create_padding_mask(tokens, pad_idx)`` (no mask if pad_idx is None).
         The causal mask is always applied on top of it.
 
-        The entry point: it checks its input once, then runs ``_forward_whole`` (the chapter's
-        equation) or, with gradient checkpointing in training, its twin ``_forward_train``
-        (Fitting in memory), held equal to it by tests/test_recompute.py.
+            X⁰ = Drop(E[tokens] · √C + PE[:T]),  X ← block(X; M) n_layers times,
+            logits = LN_f(X) W_out + b_out
+        """
+        padding_mask = self._check_input(tokens, padding_mask)
+        x = self.embed(tokens)                                                   # (B, T, C)
+        if self.emb_scale != 1.0:
+            x *= self.emb_scale                                                  # E · √C
+        x = self.drop(self.pos(x))                                               # (B, T, C)
+        x = self.blocks(x, padding_mask)                                         # (B, T, C)
+        logits = self.proj(self.ln_f(x))                                         # (B, T, V)
+        self._out = (logits.shape, logits.dtype)
+        return logits
 
-        Input checks, before any work (``tformer._validate``): ``tokens`` must be an integer array
-        (B, T) with B ≥ 1 and 1 ≤ T ≤ max_len (``token_batch``; an empty batch has nothing to
-        predict), with ids in [0, V); a given ``padding_mask`` must be
+    def _check_input(self, tokens, padding_mask):
+        """``forward``'s checks, before any work (``tformer._validate``); returns the padding mask
+        to apply (the given one or pad_idx's).
+
+        ``tokens`` must be an integer array (B, T) with B ≥ 1 and 1 ≤ T ≤ max_len (``token_batch``;
+        an empty batch has nothing to predict), with ids in [0, V); a given ``padding_mask`` must be
         boolean and broadcast to the scores (B, H, T, T) (``attention_mask``). Each failure is a
         ValueError or TypeError naming ``tokens`` or ``padding_mask``. A row of padding only gets
-        zero attention outputs (every key masked), so finite logits, never NaN.
-        """
+        zero attention outputs (every key masked), so finite logits, never NaN."""
         token_batch("tokens", tokens, self.max_len)
         index_range("tokens", tokens, 0, self.vocab_size)          # the embedding does not check
         B, T = tokens.shape
@@ -113,60 +123,17 @@ class Transformer(Module):
                            additive=False)
         elif self.pad_idx is not None:
             padding_mask = F.create_padding_mask(tokens, self.pad_idx)          # (B, 1, 1, T)
-        self._recomputed = self._recompute is not None and self.training
-        forward = self._forward_train if self._recomputed else self._forward_whole
-        logits = forward(tokens, padding_mask)                                   # (B, T, V)
-        self._out = (logits.shape, logits.dtype)
-        return logits
-
-    def _forward_whole(self, tokens, padding_mask):
-        """The complete Transformer: tokens (B, T) -> logits (B, T, V).
-
-            X⁰ = Drop(E[tokens] · √C + PE[:T]),  X ← block(X; M) n_layers times,
-            logits = LN_f(X) W_out + b_out
-        """
-        x = self.embed(tokens)                                                   # (B, T, C)
-        if self.emb_scale != 1.0:
-            x *= self.emb_scale                                                  # E · √C
-        x = self.drop(self.pos(x))                                               # (B, T, C)
-        for block in self.blocks:
-            x = block(x, padding_mask)                                           # (B, T, C)
-        return self.proj(self.ln_f(x))                                           # (B, T, V)
-
-    def _forward_train(self, tokens, padding_mask):
-        """``_forward_whole`` with gradient checkpointing: the blocks run through
-        ``tformer.scaling.recompute``, which keeps only each segment's input."""
-        x = self.embed(tokens)                                                   # (B, T, C)
-        if self.emb_scale != 1.0:
-            x *= self.emb_scale
-        x = self.drop(self.pos(x))
-        x = self._recompute.forward(x, padding_mask)                             # inputs only
-        return self.proj(self.ln_f(x))
+        return padding_mask
 
     def backward(self, dlogits):
         """dlogits: (B, T, V) -> None (tokens have no gradient); accumulates every parameter's
-        gradient, through the twin of whichever pass ``forward`` ran."""
+        gradient, layer by layer in reverse."""
         upstream("dlogits", dlogits, self._out)
-        return self._backward_train(dlogits) if self._recomputed else self._backward_whole(dlogits)
-
-    def _backward_whole(self, dlogits):
-        """The backward pass of ``_forward_whole``, layer by layer in reverse."""
         dx = self.ln_f.backward(self.proj.backward(dlogits))                     # (B, T, C)
-        for block in reversed(self.blocks._items):
-            dx = block.backward(dx)                                              # (B, T, C)
+        dx = self.blocks.backward(dx)                                            # (B, T, C)
         dx = self.pos.backward(self.drop.backward(dx))                           # PE is a constant
         if self.emb_scale != 1.0:
             dx = dx * self.emb_scale                                             # ∂(E·√C)/∂E = √C
-        self.embed.backward(dx)
-        return None
-
-    def _backward_train(self, dlogits):
-        """The backward pass of ``_forward_train``: the blocks re-run segment by segment."""
-        dx = self.ln_f.backward(self.proj.backward(dlogits))                     # (B, T, C)
-        dx = self._recompute.backward(dx)                                        # re-runs segments
-        dx = self.pos.backward(self.drop.backward(dx))
-        if self.emb_scale != 1.0:
-            dx = dx * self.emb_scale
         self.embed.backward(dx)
         return None
 

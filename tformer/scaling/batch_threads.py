@@ -5,7 +5,9 @@ backward pass run on one thread, the parts' gradients summed::
     ∂L/∂θ = Σ_parts ∂L/∂θ |part          (L is a sum over tokens, so its gradient is the parts' sum)
 
 It is ``torch.nn.DataParallel`` on the cores of one process, and the data parallelism of the
-chapter "Many processes" (``tformer.scaling.mpi``) without the messages. Each part needs its own
+chapter "Many processes" (``tformer.scaling.mpi``) without the messages. Like those, it wraps the
+model from outside: ``BatchCut(model)`` has the model's ``forward`` and ``backward`` (and passes
+every other attribute through), and ``tformer.train`` trains through it. Each part needs its own
 caches and gradients, so each part after the first runs on a *replica*: a copy of the model's
 module tree whose parameter attributes are the model's own arrays (not copies: an optimizer step or
 ``load_state_dict`` is seen at once) and whose gradients live in a flat buffer of its own. The
@@ -55,11 +57,11 @@ class Replicas:
 
     ``model`` must have flat parameter and gradient buffers (``Module.flatten_parameters``).
     ``split(B, tokens_per_seq)`` says how to cut a batch (None: not worth it); ``forward`` and
-    ``backward`` run the parts through ``forward_fn(module, tokens, out)`` and
-    ``backward_fn(module, dout)`` side by side. A replica copies the module tree when it is made:
-    its parameters and mode follow the model's at every step, the rest of its configuration is
-    the model's at that moment. The replicas live as long as the model (a module tree without
-    activations and one flat gradient buffer each).
+    ``backward`` run the parts through each module's ``forward`` and ``backward`` side by side.
+    A replica copies the module tree when it is made: its parameters and mode follow the model's
+    at every step, the rest of its configuration is the model's at that moment. The replicas
+    live as long as this object (a module tree without activations and one flat gradient buffer
+    each).
     """
 
     def __init__(self, model):
@@ -116,9 +118,9 @@ class Replicas:
                 value = getattr(m, attr, None)
                 if value is not None:
                     memo[id(value)] = None
-        saved = getattr(getattr(main, "_recompute", None), "_saved", None)
-        if saved is not None:          # nor the segment inputs of gradient checkpointing
-            memo[id(saved)] = None
+            saved = getattr(m, "_saved", None)
+            if saved is not None:      # nor the segment inputs of gradient checkpointing
+                memo[id(saved)] = None
         rep = copy.deepcopy(main, memo)
         _, G = rep.flatten_parameters()                  # the replica's own flat gradients, zeroed
         G.fill(0)
@@ -135,23 +137,25 @@ class Replicas:
         self._bindings.append(bindings)
         return rep, G
 
-    def forward(self, forward_fn, tokens, cut, out):
-        """Run ``forward_fn(module, tokens[b₀:b₁], out[b₀:b₁])`` for each part side by side, each
-        writing its result into its rows of ``out`` on its own thread; returns ``out``."""
+    def forward(self, tokens, cut, *args):
+        """``module.forward(tokens[b₀:b₁])`` for each part side by side, on the model and its
+        replicas; returns the parts' outputs joined along the batch, (B, …)."""
         mods = self.modules(len(cut), self._checked)
         self._checked, self.last = None, None            # nothing to differentiate if a part fails
+        outs = [None] * len(cut)
 
-        def run(m, lo, hi):
-            forward_fn(m, tokens[lo:hi], out[lo:hi])
+        def run(i, m, lo, hi):
+            outs[i] = m.forward(tokens[lo:hi], *args)
 
-        parallel.run_tasks(*((lambda m=m, lo=lo, hi=hi: run(m, lo, hi)) for m, (lo, hi) in zip(mods, cut)))
+        parallel.run_tasks(*((lambda i=i, m=m, lo=lo, hi=hi: run(i, m, lo, hi))
+                             for i, (m, (lo, hi)) in enumerate(zip(mods, cut))))
         self.last, self._mods = cut, mods
-        return out
+        return np.concatenate(outs)
 
-    def backward(self, backward_fn, dout):
-        """Run ``backward_fn(module, dout[b₀:b₁])`` for each part side by side, each into its
-        module's gradients (a replica's are zeroed first), then add the replicas' gradients into
-        the model's, in part order."""
+    def backward(self, dout):
+        """``module.backward(dout[b₀:b₁])`` for each part side by side, each into its module's
+        gradients (a replica's are zeroed first), then the replicas' gradients added into the
+        model's, in part order."""
         cut, self.last = self.last, None
         if cut is None:
             raise RuntimeError("backward: no split forward pass to differentiate")
@@ -161,9 +165,10 @@ class Replicas:
         def run(i, lo, hi):
             if i > 0:
                 extra[i - 1].fill(0)
-            backward_fn(mods[i], dout[lo:hi])
+            mods[i].backward(dout[lo:hi])
 
-        parallel.run_tasks(*((lambda i=i, lo=lo, hi=hi: run(i, lo, hi)) for i, (lo, hi) in enumerate(cut)))
+        parallel.run_tasks(*((lambda i=i, lo=lo, hi=hi: run(i, lo, hi))
+                             for i, (lo, hi) in enumerate(cut)))
         G = self._flat[1]
 
         def add(lo, hi):
@@ -171,6 +176,44 @@ class Replicas:
                 G[lo:hi] += g[lo:hi]
 
         parallel.parallel_for(add, G.size, grain=_SUM_GRAIN)
+
+
+class BatchCut:
+    """``model`` run with each training batch cut across threads.
+
+    ``forward(tokens, *args)``: in training, when ``Replicas.split`` finds the batch worth
+    cutting, the parts run side by side (the first on the model, the others on replicas) and
+    their outputs are joined; otherwise it is ``model.forward``. ``backward(dout)`` follows the
+    forward pass it had. Every other attribute is the model's: ``tformer.train`` hands this to
+    the loss and the backward pass and keeps the model for the rest.
+    """
+
+    def __init__(self, model):
+        object.__setattr__(self, "model", model)
+        object.__setattr__(self, "replicas", Replicas(model))
+        object.__setattr__(self, "_shape", None)        # the joined output's shape, if cut
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def forward(self, tokens, *args):
+        shape = getattr(tokens, "shape", ())
+        cut = self.replicas.split(*shape) if self.model.training and len(shape) == 2 else None
+        self.replicas.last = None
+        if cut is None:
+            return self.model.forward(tokens, *args)
+        out = self.replicas.forward(tokens, cut, *args)   # (B, T, V)
+        object.__setattr__(self, "_shape", out.shape)
+        return out
+
+    def backward(self, dout):
+        if self.replicas.last is None:
+            return self.model.backward(dout)
+        if getattr(dout, "shape", None) != self._shape:
+            raise ValueError(f"dlogits: expected shape {self._shape} (the last forward output's), "
+                             f"got {getattr(dout, 'shape', type(dout).__name__)}")
+        self.replicas.backward(dout)
+        return None
 
 
 # Elements of the gradient sum per thread: a pass over a million floats (4 MB) is worth a hand-off.

@@ -136,6 +136,11 @@ class QuantizedLinear(Module):
             y += self.b
         return y.reshape(*x.shape[:-1], self.q.shape[1])                         # (..., d_out)
 
+    def rows(self, x):
+        """The rows ``x: (N, d_in)`` of one decoding step (``tformer.kv_cache``): ``forward``, whose
+        int8 arithmetic is the layer's in every step."""
+        return self.forward(x)
+
     def backward(self, dy):
         raise RuntimeError("QuantizedLinear: a quantized model is for inference only (no backward)")
 

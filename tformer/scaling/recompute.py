@@ -16,10 +16,14 @@ those states, re-draws, and puts back the states the generators had reached, so 
 with exactly the random numbers it would have drawn without recomputation. Every cache is rebuilt
 from the same input by the same arithmetic, so every gradient is bit for bit the one without it.
 
-Generation with a KV cache and evaluation mode never use this path: there is no backward to prepare.
+``Recompute`` is a ``BlockStack`` that stands in for a model's stack of blocks (the model's
+``gradient_checkpointing=True`` builds its blocks into one): the model's forward and backward
+call ``self.blocks`` the same way either way. In eval mode, and so in generation, it runs the
+blocks plainly: there is no backward to prepare.
 """
 import numpy as np
 
+from ..blocks import BlockStack
 from ..layers import Dropout
 
 # What a module keeps between its forward and its backward (every layer's ``_cache``; attention's
@@ -57,27 +61,31 @@ def _generators(blocks):
     return list(gens.values())
 
 
-class Recompute:
-    """Runs ``blocks`` (a sequence of modules with ``forward(x, *args)`` / ``backward(dy)``) in
-    segments of ``every`` blocks, keeping only each segment's input.
+class Recompute(BlockStack):
+    """A ``BlockStack`` that runs its blocks in segments of ``every``, keeping only each segment's
+    input in training (``torch.utils.checkpoint.checkpoint_sequential``'s place in a model).
 
-    ``forward(x, *args) -> y`` and ``backward(dy) -> dx`` stand for the loop over the blocks; the
-    extra ``args`` (e.g. a padding mask) are passed to every block and kept for the recomputation.
+    ``forward(x, *args) -> y`` and ``backward(dy) -> dx`` are the stack's; the extra ``args``
+    (e.g. a padding mask) are passed to every block and kept for the recomputation. In eval mode
+    (no backward to prepare) it is the plain stack.
     """
 
     def __init__(self, blocks, every=1):
         _, every = check_checkpointing(True, every)
-        self.blocks = list(blocks)
+        super().__init__(blocks)
         self.every = every
         self._saved = None                 # [(x_s, args, generator states)] of the last forward
 
     def segments(self):
         """The blocks cut into consecutive lists of ``every`` (the last one may be shorter)."""
-        k = self.every
-        return [self.blocks[i:i + k] for i in range(0, len(self.blocks), k)]
+        k, blocks = self.every, self._items
+        return [blocks[i:i + k] for i in range(0, len(blocks), k)]
 
     def forward(self, x, *args):
         """x: (B, T, C) -> (B, T, C); keeps x_s of each segment, no block cache survives."""
+        self._saved = None
+        if not self.training:
+            return super().forward(x, *args)
         saved = []
         for seg in self.segments():
             gens = _generators(seg)
@@ -91,7 +99,9 @@ class Recompute:
     def backward(self, dy):
         """dy: (B, T, C) -> dx: (B, T, C); re-runs each segment's forward, then its backward."""
         if self._saved is None:
-            raise RuntimeError("backward: no checkpointed forward pass to differentiate")
+            if self.training:
+                raise RuntimeError("backward: no checkpointed forward pass to differentiate")
+            return super().backward(dy)
         for seg, (x, args, states) in zip(reversed(self.segments()), reversed(self._saved)):
             now = [(g, g.bit_generator.state) for g, _ in states]
             for g, state in states:        # the masks the first forward drew
