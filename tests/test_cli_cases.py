@@ -118,7 +118,7 @@ CASES = {
     "lora-targets alone": ([*RUN, *T, "--lora-targets", "all"],
                            ["--lora-targets: applies to LoRA fine-tuning"]),
     "max-new-tokens 1e12": ([*GEN, "--max-new-tokens", "1000000000000"],
-                            ["argument --max-new-tokens: expected an integer from 0 to 1,000,000"]),
+                            ["argument --max-new-tokens: expected an integer ≥ 0 and at most 1,000,000"]),
     "bpe 0": ([*RUN, *T, "--bpe", "0"], ["--bpe: expected a vocabulary of at least 256 tokens",
                                          "V ≥ 257"]),
 }

@@ -76,8 +76,9 @@ MAX_NEW_TOKENS = 1_000_000
 
 def new_tokens(text):
     """Tokens to generate: an integer from 0 to ``MAX_NEW_TOKENS``."""
-    return _number(text, int, f"an integer from 0 to {MAX_NEW_TOKENS:,} (the tokens a command "
-                              f"holds in memory and prints at once)", lambda v: 0 <= v <= MAX_NEW_TOKENS)
+    return _number(text, int, f"an integer ≥ 0 and at most {MAX_NEW_TOKENS:,} (the tokens a "
+                              f"command holds in memory and prints at once)",
+                   lambda v: 0 <= v <= MAX_NEW_TOKENS)
 
 
 def bpe_vocab(text):
