@@ -28,14 +28,17 @@ def tinygpt(size, dtype="float32"):
 
 
 def tformer_step_fn(model, opt, x, y):
-    """``step() -> loss``: one training step of ``model`` on ``(x, y)``."""
+    """``step() -> loss``: one training step of ``model`` on ``(x, y)``, run as ``tformer.train``
+    runs it (through ``BatchCut``: the batch cut across threads where that pays)."""
     from .. import functional as F
+    from ..scaling.batch_threads import BatchCut
+    net = BatchCut(model)
 
     def step():
-        model.zero_grad()
-        logits = model.forward(x)                                       # (B, T, V)
+        net.zero_grad()
+        logits = net.forward(x)                                         # (B, T, V)
         loss, dlogits = F.cross_entropy(logits, y)
-        model.backward(dlogits)
+        net.backward(dlogits)
         opt.step()
         return loss
     return step

@@ -32,7 +32,7 @@ from ..data.text import encode
 from ..generate import sample
 from ..models.tinygpt import TinyGPT
 from ..optim import AdamW, clip_grad_norm, cosine_with_warmup
-from ..scaling.batch_threads import Replicas
+from ..scaling.batch_threads import BatchCut, Replicas
 from ..scaling.precision import precision_policy
 from .provenance import record
 from ..scaling.quantize import quantize_model, save_quantized
@@ -157,6 +157,7 @@ def step_times(argsets, rounds, steps):
     setups = {}
     for name, args in argsets.items():
         data, model, precision, opt = build(args)
+        model = BatchCut(model)                                       # as tformer.train runs it
         _step(model, precision, opt, data.batch(0), args.clip)        # warm-up
         setups[name] = (model, precision, opt, [data.batch(i) for i in range(steps)], args.clip)
     def run_steps(model, precision, opt, batches, clip):
