@@ -27,10 +27,14 @@ from ..models.transformer import Transformer
 from ..optim import Adam, cosine_with_warmup, noam_lr
 from ..scaling.precision import PRECISIONS, precision_policy
 from ..train import train
-from .flags import (at_least_two, heads_divide, nonnegative_float, nonnegative_int,
+from .files import MALFORMED, read_checkpoint_file
+from .flags import (UsageError, at_least_two, heads_divide, nonnegative_float, nonnegative_int,
                     positive_float, positive_int, probability, resumed_steps)
+from .paths import check_paths
 
 DEFAULT_CHECKPOINT = "checkpoints/transformer.npz"
+EXPECTED_RESUME = ("a checkpoint of this run to --resume (saved by `python -m tformer run "
+                   "transformer` with the same flags)")
 
 
 def add_arguments(p):
@@ -107,7 +111,8 @@ def add_arguments(p):
 
 def check_args(args):
     """The flags that must agree (ValueError naming them): ``--min-len ≤ --max-len``, ``--n-heads``
-    divides an even ``--d-model``, and a ``--max-tokens`` budget holds one padded row."""
+    divides an even ``--d-model``, a ``--max-tokens`` budget holds one padded row, and the
+    outputs (``--checkpoint``, ``--log``) are two files that can be written."""
     if args.min_len > args.max_len:
         raise ValueError(f"--min-len: expected at most --max-len = {args.max_len}, got {args.min_len}")
     heads_divide(args.d_model, args.n_heads, even=True)
@@ -116,6 +121,8 @@ def check_args(args):
             and args.max_tokens < row:
         raise ValueError(f"--max-tokens: expected at least one row of 2·--max-len + 2 = {row} "
                          f"positions, got {args.max_tokens}")
+    check_paths(inputs=[], outputs=[("--checkpoint", args.checkpoint),
+                                    ("--log", getattr(args, "log", None))])
 
 
 def make_schedule(args):
@@ -157,7 +164,12 @@ def main(args):
     opt = Adam(model, lr=args.lr, betas=(0.9, 0.98), eps=1e-9)
     start = 0
     if args.resume and os.path.exists(args.checkpoint):
-        meta = load_checkpoint(args.checkpoint, model, opt, precision=precision)
+        read_checkpoint_file("--checkpoint", args.checkpoint, EXPECTED_RESUME)
+        try:
+            meta = load_checkpoint(args.checkpoint, model, opt, precision=precision)
+        except MALFORMED as e:
+            raise UsageError(f"--checkpoint: expected {EXPECTED_RESUME}, got {args.checkpoint!r}: "
+                             f"{str(e).removeprefix('path: ')}") from None
         start = meta["step"]
         print(f"resumed from {args.checkpoint} at step {start}")
         note = resumed_steps(meta, args.steps, args.checkpoint)
