@@ -13,7 +13,7 @@ Performance chapter counts them (``train_step_flops``: forward and backward, eve
 attention's T² included, elementwise work left out); the seconds of every run are measured too, so
 that the count can be held against the clock (FLOP/s per shape).
 
-**Which shapes.** ``SHAPES`` is a ladder of (layers, width), heads of width 32, each about 1.5×
+**Which shapes.** ``SHAPES`` is a ladder of (layers, width), heads of width about 32, each 1.2 to 2×
 the last in N_mm. A budget takes the ``--sizes`` consecutive rungs centred on the rung whose
 tokens per weight D/N_mm is nearest ``PRIOR_TOKENS_PER_PARAM`` (Chinchilla's 20): the profile is
 centred on a guess and spans it by ~1.5^(±sizes/2) in N, so the fit, not the guess, finds the
@@ -48,9 +48,9 @@ from .provenance import load_average, now, record
 from .scaling_corpus import prepare
 
 DEFAULT_OUT = "book/data/scaling_sweep.json"
-# (n_layers, d_model): heads of width 32, N_mm growing by about 1.5 per rung.
-SHAPES = ((2, 64), (2, 96), (3, 96), (3, 128), (4, 128), (4, 160), (5, 192), (6, 192),
-          (6, 224), (6, 256), (8, 256))
+# (n_layers, d_model): heads of width about 32 (C/32 of them, rounded), N_mm growing by 1.2-2× a rung.
+SHAPES = ((2, 32), (2, 48), (2, 64), (2, 96), (3, 96), (3, 128), (4, 128), (4, 160), (5, 192),
+          (6, 192), (6, 224), (6, 256), (8, 256))
 HEAD_WIDTH = 32
 PRIOR_TOKENS_PER_PARAM = 20.0
 # The chapter "TinyGPT learns Shakespeare"'s recipe (nanoGPT's CPU run: T = 64, B = 12, AdamW
@@ -66,10 +66,15 @@ def shape_name(shape):
 
 
 def model_config(shape, vocab_size, block_size):
-    """TinyGPT's keywords for ``shape = (n_layers, d_model)``: heads of ``HEAD_WIDTH``, d_ff = 4C."""
+    """TinyGPT's keywords for ``shape = (n_layers, d_model)``: round(C/32) heads, d_ff = 4C."""
     L, C = shape
-    return dict(n_layers=L, d_model=C, n_heads=max(1, C // HEAD_WIDTH), d_ff=4 * C,
+    return dict(n_layers=L, d_model=C, n_heads=heads(C), d_ff=4 * C,
                 vocab_size=vocab_size, max_len=block_size)
+
+
+def heads(d_model):
+    """round(C / ``HEAD_WIDTH``) heads, at least one."""
+    return max(1, round(d_model / HEAD_WIDTH))
 
 
 def weights(shape, vocab_size):
@@ -235,9 +240,9 @@ def parse_shape(text):
         L, C = (int(v) for v in text.lower().split("x"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected LAYERSxWIDTH such as 4x128, got {text!r}") from None
-    if L < 1 or C < HEAD_WIDTH or C % HEAD_WIDTH:
-        raise argparse.ArgumentTypeError(f"expected ≥ 1 layer and a width that is a multiple of {HEAD_WIDTH}, "
-                         f"got {text!r}")
+    if L < 1 or C < 1 or C % heads(C):
+        raise argparse.ArgumentTypeError(f"expected ≥ 1 layer and a width C that round(C/{HEAD_WIDTH}) "
+                                         f"heads divide, got {text!r}")
     return L, C
 
 
