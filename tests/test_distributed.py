@@ -254,9 +254,10 @@ def test_run_tinygpt_resumes_bit_for_bit_after_sigkill(tmp_path):
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
 
 
-def test_run_tinygpt_refuses_a_checkpoint_of_another_model(tmp_path):
+def test_run_tinygpt_refuses_a_checkpoint_of_another_model(tmp_path, capsys):
     from tformer.__main__ import main
     other = tmp_path / "t.npz"
     save_checkpoint(other, TinyGPT(d_model=8, n_heads=2, n_layers=1, max_len=16))
-    with pytest.raises(ValueError, match="another configuration"):
+    with pytest.raises(SystemExit) as e:                # the usage error, not a traceback
         main(["run", "tinygpt", *TINY, "--steps", "2", "--resume", "--checkpoint", str(other)])
+    assert e.value.code == 2 and "another configuration" in capsys.readouterr().err
