@@ -45,14 +45,24 @@ MEASURING_CALLS = {
 GROWING_METHODS = {"append", "extend", "insert", "add", "update", "setdefault"}
 # Calls that turn a measured value into a stable one: a count, a type, a truth value.
 STABLE_CALLS = {"len", "bool", "isinstance", "type", "all", "any"}
-MEASURED_PRINT_HINT = ("print the claim here (`err < 1e-7`) and the number in a cell whose first line "
-                       "is # NBVAL_IGNORE_OUTPUT")
+MEASURED_PRINT_HINT = ("print the claim here (`err < 1e-7`) and the number in a cell tagged "
+                       "nbval-ignore-output")
 
 
 def find_notebooks(directory=NOTEBOOK_DIR):
     return sorted(
         p for p in Path(directory).rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts
     )
+
+
+IGNORE_TAG = "nbval-ignore-output"
+
+
+def ignores_output(cell):
+    """Does nbval leave this cell's output out of its comparison: the cell tag (which the book does
+    not show) or the comment marker (which it does)?"""
+    tags = cell.get("metadata", {}).get("tags", [])
+    return IGNORE_TAG in tags or "NBVAL_IGNORE_OUTPUT" in _text(cell.get("source", ""))
 
 
 def _text(value):
@@ -265,16 +275,20 @@ def notebook_problems(nb, size=0):
         src = _text(cell.get("source", ""))
         if "NBVAL_SKIP" in src:
             problems.append(f"code cell {i}: NBVAL_SKIP hides the cell from nbval")
+        elif "NBVAL_" in src:
+            problems.append(f"code cell {i}: a marker comment the reader sees: use the cell tag "
+                            f"{IGNORE_TAG} (or raises-exception) in the cell's metadata instead")
         for line in src.splitlines():
             marker = line.strip().lstrip("#").strip()
             if line.strip().startswith("#") and marker.startswith("NBVAL_") and marker not in MARKERS:
                 problems.append(f"code cell {i}: nbval ignores the marker line {line.strip()!r}: "
                                 "a marker must be alone on its line (give the reason on the next)")
         outputs = cell.get("outputs", [])
+        left_out = ignores_output(cell)
         if outputs:
             with_output += 1
-            ignored += "NBVAL_IGNORE_OUTPUT" in src
-        if outputs and "NBVAL_IGNORE_OUTPUT" not in src:
+            ignored += left_out
+        if outputs and not left_out:
             for line, expr in shown[i]:
                 problems.append(f"code cell {i}, line {line}: nbval compares {expr!r}, a value measured "
                                 f"by a gradient check, a clock or the allocator, which differs on "
@@ -290,7 +304,7 @@ def notebook_problems(nb, size=0):
                                 f"({match.group(0)!r}...)")
     if with_output and ignored / with_output > MAX_IGNORED_SHARE:
         problems.append(f"{ignored} of {with_output} code cells with output are marked "
-                        f"NBVAL_IGNORE_OUTPUT (over {MAX_IGNORED_SHARE:.0%}): nbval checks too little")
+                        f"nbval-ignore-output (over {MAX_IGNORED_SHARE:.0%}): nbval checks too little")
     return problems
 
 
@@ -401,8 +415,9 @@ def test_checker_flags_a_never_executed_notebook():
     (lambda nb: nb["cells"][4]["outputs"][0]["data"].update(
         {"text/html": "<pre>/work/main/.venv/lib/x.py</pre>"}), "machine-specific path"),
     (lambda nb: nb["cells"][1].update(source="# NBVAL_SKIP\nimport numpy as np"), "NBVAL_SKIP"),
-    (lambda nb: [nb["cells"][i].update(source="# NBVAL_IGNORE_OUTPUT\n1") for i in (2, 4)],
-     "NBVAL_IGNORE_OUTPUT"),
+    (lambda nb: [nb["cells"][i]["metadata"].update(tags=["nbval-ignore-output"]) for i in (2, 4)],
+     "nbval-ignore-output (over"),
+    (lambda nb: nb["cells"][2].update(source="# NBVAL_IGNORE_OUTPUT\n1"), "use the cell tag"),
     (lambda nb: nb["cells"][2].update(source="# NBVAL_IGNORE_OUTPUT - timing\n1"), "alone on its line"),
 ])
 def test_checker_flags_each_problem(spoil, expected):
