@@ -14,9 +14,9 @@ attention's T² included, elementwise work left out); the seconds of every run a
 that the count can be held against the clock (FLOP/s per shape).
 
 **Which shapes.** ``SHAPES`` is a ladder of (layers, width), heads of width about 32, each 1.2 to 2×
-the last in N_mm. A budget takes the ``--sizes`` consecutive rungs centred on the rung whose
-tokens per weight D/N_mm is nearest ``PRIOR_TOKENS_PER_PARAM`` (Chinchilla's 20): the profile is
-centred on a guess and spans it by ~1.5^(±sizes/2) in N, so the fit, not the guess, finds the
+the last in N_mm. A budget takes the ``--sizes`` rungs whose tokens per weight D/N_mm come nearest
+to targets spread evenly in log from 60 down to 0.6 (``TOKENS_PER_WEIGHT``): Chinchilla's 20 lies
+inside, and the profile reaches far enough either side that the fit, not a guess, finds the
 minimum.
 
 **Resumable.** Every finished run is appended to ``--out`` at once (``tformer.atomic``: whole file
@@ -52,13 +52,15 @@ DEFAULT_OUT = "book/data/scaling_sweep.json"
 SHAPES = ((2, 32), (2, 48), (2, 64), (2, 96), (3, 96), (3, 128), (4, 128), (4, 160), (5, 192),
           (6, 192), (6, 224), (6, 256), (8, 256))
 HEAD_WIDTH = 32
-PRIOR_TOKENS_PER_PARAM = 20.0
+# The range of tokens per weight each profile spans: Chinchilla's 20 inside it, and room on both
+# sides (at 8e12 FLOPs, 4x128 with D/N ≈ 0.7 did best of the vocabulary probe's runs).
+TOKENS_PER_WEIGHT = (0.6, 60.0)
 # The chapter "TinyGPT learns Shakespeare"'s recipe (nanoGPT's CPU run: T = 64, B = 12, AdamW
 # with lr 1e-3 → 1e-4 on a cosine, β2 = 0.99, decay 0.1, clip 1), its warm-up 5 % of each run.
 RECIPE = dict(block_size=64, batch_size=12, lr=1e-3, min_lr_ratio=0.1, warmup_fraction=0.05,
               beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.1, clip=1.0, dropout=0.0)
-DEFAULT_VOCAB = 1024
-DEFAULT_BUDGETS = (2e12, 6e12, 1.8e13)
+DEFAULT_VOCAB = 4096          # measured: book/data/scaling_vocab.json
+DEFAULT_BUDGETS = (2.5e12, 6.3e12, 1.6e13, 4e13)
 
 
 def shape_name(shape):
@@ -90,12 +92,16 @@ def flops_per_token(shape, vocab_size, block_size):
 
 
 def shapes_for(budget, vocab_size, block_size, sizes, shapes=SHAPES):
-    """The ``sizes`` consecutive rungs of ``shapes`` centred on the one whose D/N is nearest 20."""
-    ratio = [budget / flops_per_token(s, vocab_size, block_size) / weights(s, vocab_size)
-             for s in shapes]
-    centre = int(np.argmin([abs(math.log(r / PRIOR_TOKENS_PER_PARAM)) for r in ratio]))
-    lo = min(max(0, centre - sizes // 2), max(0, len(shapes) - sizes))
-    return list(shapes[lo:lo + sizes])
+    """``sizes`` rungs of ``shapes`` whose tokens per weight D/N_mm are nearest ``sizes`` targets
+    spaced evenly in log over ``TOKENS_PER_WEIGHT`` (each rung once), smallest N first."""
+    ratio = np.array([budget / flops_per_token(s, vocab_size, block_size) / weights(s, vocab_size)
+                      for s in shapes])
+    lo, hi = TOKENS_PER_WEIGHT
+    chosen = []
+    for target in np.geomspace(hi, lo, sizes):
+        free = [i for i in range(len(shapes)) if i not in chosen]
+        chosen.append(min(free, key=lambda i: abs(math.log(ratio[i] / target))))
+    return [shapes[i] for i in sorted(chosen)]
 
 
 def run_key(run):
