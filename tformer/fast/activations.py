@@ -52,14 +52,15 @@ def gelu_forward(x, approximate="tanh"):
 
     ``approximate="none"``: Φ(x) = ½(1 + erf(x/√2)), exact (erf is evaluated per element with
     ``math.erf``: correct to the last bit but slow, meant for derivations and checks).
-    ``approximate="tanh"``: Φ(x) ≈ ½(1 + tanh(u)), u = √(2/π)(x + 0.044715 x³), GPT-2's form, used in
-    training. Since ½(1 + tanh u) = σ(2u) = 1/(1 + e^{−2u}), it is computed as
+    ``approximate="tanh"``: Φ(x) ≈ ½(1 + tanh(u)), u = √(2/π)(x + 0.044715 x³), Hendrycks &
+    Gimpel's tanh form (after Page 1977; GPT-2 uses it), used in training. Since
+    ½(1 + tanh u) = σ(2u) = 1/(1 + e^{−2u}), it is computed as
 
         s = 1 / (1 + e^{−2u}),   y = x s
 
     one exp instead of one tanh, the same value. Which of the two is cheaper depends on the CPU:
     with AVX-512, NumPy's float32 tanh is the faster; without it, tanh is the slower, by far on
-    older CPUs (the chapter "Performance" times both on the machine that runs it). For x ≪ 0,
+    older CPUs (the chapter "Performance" times both). For x ≪ 0,
     e^{−2u} overflows to inf and s is exactly 0, as it should be.
     Shapes: ``x: (...)`` -> ``y: (...)``. The cache holds ``x`` and ``s``. Returns ``y, cache``.
     float16/bfloat16: the chain runs in float32 and y and s are rounded once, at the end (NumPy's
@@ -74,23 +75,29 @@ def gelu_forward(x, approximate="tanh"):
         y, s = np.empty_like(xf), np.empty_like(xf)
 
         def part(lo, hi):
-            # Every step in place on one temporary, x·x·x and not x**3 (a slow pow), with the
-            # constants folded: −2u = −2√(2/π)(x + c x³) = x (a + b x²), a = −2√(2/π), b = a c.
-            xs, u = xf[lo:hi], s[lo:hi]
-            np.multiply(xs, xs, out=u)
-            u *= _GELU_B
-            u += _GELU_A
-            u *= xs                                  # −2u
             with np.errstate(over="ignore", under="ignore"):
-                np.exp(u, out=u)                     # e^{−2u}: inf for x ≪ 0, 0 for x ≫ 0, both exact limits
-            u += 1
-            np.reciprocal(u, out=u)                  # s = σ(2u) = ½(1 + tanh u), reused in backward
-            np.multiply(xs, u, out=y[lo:hi])
+                _gelu_tanh_rows(xf[lo:hi], s[lo:hi], y[lo:hi])
 
         parallel.parallel_for(part, xf.size, grain=parallel.grain_for(1))
         return y.reshape(x.shape), GeluCache(x, s.reshape(x.shape), approximate)
     phi = (0.5 * (1.0 + _erf(x * (1 / math.sqrt(2.0))))).astype(x.dtype)     # "none": exact
     return x * phi, GeluCache(x, phi, approximate)
+
+
+def _gelu_tanh_rows(x, s, y):
+    """s = σ(2u) = 1/(1 + e^{−2u}), y = x s (GELU, tanh form) for a block ``x``, written into ``s``
+    and ``y`` (``y`` may be ``x`` itself). The caller holds ``np.errstate(over="ignore",
+    under="ignore")``: e^{−2u} → inf for x ≪ 0 and 0 for x ≫ 0, both exact limits."""
+    # Every step in place on one temporary, x·x·x and not x**3 (a slow pow), with the
+    # constants folded: −2u = −2√(2/π)(x + c x³) = x (a + b x²), a = −2√(2/π), b = a c.
+    np.multiply(x, x, out=s)
+    s *= _GELU_B
+    s += _GELU_A
+    s *= x                                       # −2u
+    np.exp(s, out=s)                             # e^{−2u}
+    s += 1
+    np.reciprocal(s, out=s)                      # s = σ(2u) = ½(1 + tanh u), reused in backward
+    np.multiply(x, s, out=y)
 
 
 def gelu_backward(dy, cache, out=None):

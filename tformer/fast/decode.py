@@ -4,15 +4,17 @@ Generating one token for ``B`` sequences works on rows of ``C`` numbers: every p
 is a matrix-vector product, and the fixed cost of each call (argument checks, views,
 closures, the thread pool's bookkeeping) outweighs the arithmetic. A step through the
 general layers makes about 1,350 function calls per token at 4 layers (cProfile); these
-make the same NumPy calls on the same arrays, in the same order, and little else (245):
+make the same NumPy calls on the same arrays, in the same order, and little else (245), through
+the same row functions as the kernels (``fast.layernorm``, ``fast.linear``,
+``fast.activations``, ``fast.softmax``) and the cache's own ``append``:
 
     X ← X + Attn(LN₁(X)),  X ← X + MLP(LN₂(X))       X: (B, C), one new position a row
 
 with the new keys and values written into the block's ``KVCache``. The results are
 those of ``layernorm_forward``, ``linear_forward``, ``attention_forward`` (one query, no
 mask), ``gelu_forward`` (tanh) and the residual sums, bit for bit
-(``tests/test_decode.py``): each kernel's arithmetic is repeated call for call on arrays
-of the same shapes and strides. It is used only where no kernel would split its work
+(``tests/test_decode.py``): each kernel's row function runs on arrays of the same shapes
+and strides. It is used only where no kernel would split its work
 across threads (``no_split``), so the general path computes every result whole as well.
 """
 import math
@@ -21,9 +23,11 @@ import numpy as np
 
 from .. import parallel
 from . import linear as _linear
-from .activations import _GELU_A, _GELU_B
+from .activations import _gelu_tanh_rows
+from .layernorm import _rows as _ln_rows
+from .linear import _rows as _linear_rows
 from ..kernels._grouped_heads import _split_axis
-from .softmax import _softmax_inplace
+from .softmax import _exp_rows, _softmax_inplace
 
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64))   # float16/bfloat16: general path
 
@@ -41,46 +45,25 @@ def no_split(B, C, d_ff, H):
 
 
 def layernorm_rows(x, gamma, beta, eps, ones_C):
-    """y = γ ⊙ (x − μ)·rstd + β for ``x: (N, C)``: ``layernorm_forward``'s row
-    arithmetic, with ``ones_C = (1/C, …, 1/C)``. Returns y, a new (N, C) array."""
-    N, C = x.shape
+    """y = γ ⊙ (x − μ)·rstd + β for ``x: (N, C)``: ``fast.layernorm``'s row function on
+    unsplit rows, with ``ones_C = (1/C, …, 1/C)``. Returns y, a new (N, C) array."""
+    N = x.shape[0]
     y = np.empty_like(x)
-    m, r = np.empty((N, 1), x.dtype), np.empty((N, 1), x.dtype)
-    np.matmul(x, ones_C, out=m[:, 0])                  # μ
-    np.subtract(x, m, out=y)                           # x − μ
-    np.vecdot(y, y, out=r[:, 0])
-    r /= C
-    r += eps
-    np.sqrt(r, out=r)
-    np.reciprocal(r, out=r)                            # rstd
-    y *= r
-    y *= gamma
-    y += beta
+    _ln_rows(x, gamma, beta, eps, ones_C, y, np.empty((N, 1), x.dtype), np.empty((N, 1), x.dtype))
     return y
 
 
 def linear_rows(x, W, b):
-    """Y = X W + b for ``x: (N, C_in)``: ``linear_forward`` on unsplit rows (new Y)."""
+    """Y = X W + b for ``x: (N, C_in)``: ``fast.linear``'s row function on unsplit rows (new Y)."""
     y = np.empty((x.shape[0], W.shape[1]), W.dtype)
-    np.matmul(x, W, out=y)
-    if b is not None:
-        y += b
+    _linear_rows(x, W, b, y)
     return y
 
 
 def gelu_rows(h):
-    """GELU (tanh form) of ``h``, in place: ``gelu_forward``'s arithmetic, y = x σ(2u).
-    The caller holds ``np.errstate(over="ignore", under="ignore")``: e^{−2u} may
-    overflow to inf, which is exact (σ = 0)."""
-    u = np.empty_like(h)
-    np.multiply(h, h, out=u)
-    u *= _GELU_B
-    u += _GELU_A
-    u *= h                                             # −2u
-    np.exp(u, out=u)
-    u += 1
-    np.reciprocal(u, out=u)                            # s = σ(2u)
-    np.multiply(h, u, out=h)
+    """GELU (tanh form) of ``h``, in place: ``fast.activations``' row function, y = x σ(2u).
+    The caller holds ``np.errstate(over="ignore", under="ignore")``."""
+    _gelu_tanh_rows(h, np.empty_like(h), h)
     return h
 
 
@@ -90,29 +73,21 @@ def attention_one(qkv, cache, H, scale, ones_L):
     ``qkv: (B, 1, 3C)`` (the fused projection of the new positions), ``cache``: the
     block's ``KVCache`` (t positions before, t + 1 after). Returns the heads merged,
     ``(B, 1, C)``, and the probabilities ``(B, H, 1, t + 1)``. The views, the scaling of
-    q, the products and the softmax are ``attention_forward``'s, on the arrays that
-    ``MultiHeadAttention.forward`` passes it.
+    q, the products and the softmax (``fast.softmax``'s) are ``attention_forward``'s, on
+    the arrays that ``MultiHeadAttention.forward`` passes it.
     """
     B, _, C3 = qkv.shape
     C = C3 // 3
     D = C // H
     q, k, v = (qkv[..., i * C:(i + 1) * C].reshape(B, 1, H, D).transpose(0, 2, 1, 3)
                for i in range(3))                        # (B, H, 1, D) views
-    t = cache.t
-    if t + 1 > cache.k.shape[2]:
-        raise ValueError(f"k: cache holds {cache.k.shape[2]} positions, "
-                         f"{t + 1} requested")
-    cache.k[:, :, t:t + 1] = k
-    cache.v[:, :, t:t + 1] = v
-    cache.t = t + 1
-    K, V = cache.k[:, :, :t + 1], cache.v[:, :, :t + 1]  # (B, H, t + 1, D)
-    S = np.empty((B, H, 1, t + 1), qkv.dtype)
+    K, V = cache.append(k, v)                            # (B, H, t + 1, D)
+    T_k = K.shape[2]
+    S = np.empty((B, H, 1, T_k), qkv.dtype)
     np.matmul(np.multiply(q, scale, dtype=qkv.dtype), K.swapaxes(-1, -2), out=S)
     m = S.max(axis=-1, keepdims=True)
-    if np.isfinite(m).all():
-        S -= m
-        np.exp(S, out=S)
-        S /= np.matmul(S, ones_L[:t + 1])[..., None]
+    if np.isfinite(m).all():                             # the common case, without the checks
+        S /= _exp_rows(S, m, ones_L[:T_k])
     else:                            # NaN or ±inf scores: the kernel's checks and rules
         _softmax_inplace(S)
     merged = np.empty((B, 1, C), qkv.dtype)

@@ -31,24 +31,28 @@ def layernorm_forward(x, gamma, beta, eps=1e-5):
     mu, rstd = np.empty((N, 1), x.dtype), np.empty((N, 1), x.dtype)
     ones_C = np.full(C, 1.0 / C, x.dtype)
 
-    def rows(lo, hi):
-        # Row means as one matrix-vector product with (1/C, ..., 1/C): BLAS reduces rows of a few
-        # hundred floats several times faster than x.mean(axis=-1); sums of squares are np.vecdot.
-        m, r, xhat = mu[lo:hi], rstd[lo:hi], y[lo:hi]
-        np.matmul(x2[lo:hi], ones_C, out=m[:, 0])          # μ
-        np.subtract(x2[lo:hi], m, out=xhat)                # x − μ
-        np.vecdot(xhat, xhat, out=r[:, 0])
-        r /= C
-        r += eps
-        np.sqrt(r, out=r)
-        np.reciprocal(r, out=r)                            # rstd = 1/√(var + ε)
-        xhat *= r                                          # x̂
-        xhat *= gamma
-        xhat += beta                                       # y = γ ⊙ x̂ + β, in the same buffer
-
-    parallel.parallel_for(rows, N, grain=parallel.grain_for(C))
+    parallel.parallel_for(lambda lo, hi: _rows(x2[lo:hi], gamma, beta, eps, ones_C, y[lo:hi],
+                                               mu[lo:hi], rstd[lo:hi]),
+                          N, grain=parallel.grain_for(C))
     lead = x.shape[:-1]
     return y.reshape(x.shape), LayerNormCache(x, gamma, mu.reshape(*lead, 1), rstd.reshape(*lead, 1))
+
+
+def _rows(x, gamma, beta, eps, ones_C, y, m, r):
+    """y = γ ⊙ (x − μ)·rstd + β for a block of rows ``x: (n, C)``, written into ``y: (n, C)``, with
+    μ and rstd into ``m, r: (n, 1)``; ``ones_C = (1/C, …, 1/C)``."""
+    # Row means as one matrix-vector product with (1/C, ..., 1/C): BLAS reduces rows of a few
+    # hundred floats several times faster than x.mean(axis=-1); sums of squares are np.vecdot.
+    np.matmul(x, ones_C, out=m[:, 0])                  # μ
+    np.subtract(x, m, out=y)                           # x − μ
+    np.vecdot(y, y, out=r[:, 0])
+    r /= x.shape[1]
+    r += eps
+    np.sqrt(r, out=r)
+    np.reciprocal(r, out=r)                            # rstd = 1/√(var + ε)
+    y *= r                                             # x̂
+    y *= gamma
+    y += beta                                          # y = γ ⊙ x̂ + β, in the same buffer
 
 
 def layernorm_backward(dy, cache):

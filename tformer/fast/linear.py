@@ -33,13 +33,16 @@ def linear_forward(x, W, b=None, out=None):
     else:
         y = out.reshape(x2.shape[0], W.shape[1])        # a view: written through
 
-    def rows(lo, hi):
-        matmul(x2[lo:hi], W, out=y[lo:hi])
-        if b is not None:
-            y[lo:hi] += b
-
-    parallel.parallel_for(rows, x2.shape[0], grain=-(-_MIN_MACS // W.size))
+    parallel.parallel_for(lambda lo, hi: _rows(x2[lo:hi], W, b, y[lo:hi]), x2.shape[0],
+                          grain=-(-_MIN_MACS // W.size))
     return y.reshape(shape), LinearCache(x, W, b is not None)
+
+
+def _rows(x2, W, b, y):
+    """y = x2 W + b for a block of rows ``x2: (n, C_in)``, written into ``y: (n, C_out)``."""
+    matmul(x2, W, out=y)
+    if b is not None:
+        y += b
 
 
 def linear_backward(dy, cache, accumulate=None):

@@ -22,6 +22,14 @@ def softmax_forward(x, axis=-1):
 _NAN_OR_INF = "x: contains NaN or +inf; softmax of such a row is undefined"
 
 
+def _exp_rows(x, m, ones):
+    """x ← e^{x − m} in place, row by row; returns the row sums Σ_j e^{x_j − m}, shape (..., 1),
+    as one BLAS matrix-vector product with ``ones``. Dividing by them is the softmax."""
+    x -= m
+    np.exp(x, out=x)
+    return np.matmul(x, ones)[..., None]
+
+
 def _softmax_inplace(x):
     """softmax_forward along the last axis, written over ``x`` itself, returned.
 
@@ -48,9 +56,7 @@ def _softmax_inplace(x):
     all_masked = np.isneginf(m)
     if all_masked.any():
         m = np.where(all_masked, 0, m)
-    x -= m
-    np.exp(x, out=x)
-    total = np.matmul(x, np.ones(x.shape[-1], x.dtype))[..., None]   # (..., 1)
+    total = _exp_rows(x, m, np.ones(x.shape[-1], x.dtype))          # (..., 1)
     if np.isnan(total).any():                          # a NaN that fmax skipped: e^{NaN − m}
         raise ValueError(_NAN_OR_INF)
     if all_masked.any():
