@@ -90,6 +90,28 @@ def test_compute_optimal_is_the_minimum_along_its_isoflop():
     assert abs(a - 0.46) < 0.015 and abs(b - 0.54) < 0.015
 
 
+def test_isoflop_parabola_finds_the_optimum_of_each_profile():
+    """On exact data from the law, the parabola's vertex lies within 10 % of the true optimum
+    (the law is not a parabola in ln N; sizes at 1/4..4× the optimum)."""
+    N, D, L = isoflop_design()
+    for k, c in enumerate((1e18, 1e19, 1e20, 1e21)):
+        n_star, l_star = S.isoflop_minimum(N[5 * k:5 * k + 5], L[5 * k:5 * k + 5])
+        n_opt = S.compute_optimal(TRUE, c)[0]
+        assert abs(np.log(n_star / n_opt)) < 0.1, (c, n_star, n_opt)
+        assert abs(l_star / S.predict(TRUE, n_opt, c / (6 * n_opt)) - 1) < 2e-3
+    with pytest.raises(ValueError, match="no minimum"):
+        S.isoflop_minimum([1e6, 2e6, 4e6], [3.0, 2.9, 2.5])
+
+
+def test_arrays_and_predict_samples():
+    runs = [dict(n_weights=1e6, tokens=2e7, val_nats_per_char=1.9)] * 5
+    N, D, L = S.arrays(runs)
+    assert N.shape == D.shape == L.shape == (5,) and L[0] == 1.9
+    thetas = np.vstack([TRUE, TRUE + [0, 0, 0, 0.01, 0]])
+    got = S.predict_samples(thetas, 1e9, 2e10)
+    assert got.shape == (2,) and got[0] == S.predict(TRUE, 1e9, 2e10) and got[1] < got[0]
+
+
 def test_bad_input_names_the_arguments():
     with pytest.raises(ValueError, match="N, D, L"):
         S.fit([1e6, 2e6], [1e9, 2e9], [3.0, 2.9])

@@ -13,6 +13,9 @@ plain two-loop L-BFGS with a backtracking (Armijo) line search on the analytic g
 (``objective``), and the grid is scored all at once (``objective_batch``) so that only its best
 few points are optimised.
 
+``isoflop_minimum`` is their "approach 2" for one budget: a parabola in ln N through the losses of
+one IsoFLOP profile, its vertex the budget's best size.
+
 Shapes: ``N, D, L`` are ``(n,)`` arrays (one entry per run); ``θ`` is ``(5,)``; a batch of
 parameter sets ``(k, 5)``. ``bootstrap`` refits on runs resampled with replacement and gives the
 spread of θ and of anything computed from it (intervals by percentiles).
@@ -175,3 +178,27 @@ def interval(samples, level=0.95):
     """The central ``level`` percentile interval of ``samples`` along axis 0: ``(low, high)``."""
     q = 50.0 * (1.0 - level)
     return np.percentile(samples, q, axis=0), np.percentile(samples, 100.0 - q, axis=0)
+
+
+def predict_samples(thetas, N, D):
+    """L̂(N, D) under each of ``thetas: (k, 5)`` (a bootstrap), ``(k,)`` for scalar N and D."""
+    return np.array([predict(t, N, D) for t in np.atleast_2d(thetas)])
+
+
+def arrays(runs):
+    """``(N, D, L)`` of a sweep's runs (``scaling_sweep``'s records): weights, tokens, nats/char."""
+    return tuple(np.array([r[k] for r in runs], dtype=np.float64)
+                 for k in ("n_weights", "tokens", "val_nats_per_char"))
+
+
+def isoflop_minimum(N, L):
+    """L ≈ c₀ + c₁·x + c₂·x², x = ln N, fitted to one profile; ``(N*, L*)`` at its vertex
+    (x* = −c₁ / 2c₂). A profile with no minimum inside (c₂ ≤ 0) is a ValueError."""
+    x, L = np.log(np.asarray(N, dtype=np.float64)), np.asarray(L, dtype=np.float64)
+    if x.size < 3:
+        raise ValueError(f"N, L: expected at least 3 sizes of one profile, got {x.size}")
+    c2, c1, c0 = np.polyfit(x, L, 2)
+    if c2 <= 0:
+        raise ValueError(f"N, L: the profile curves down (c2 = {c2:.3g}): no minimum to find")
+    x_star = -c1 / (2 * c2)
+    return float(np.exp(x_star)), float(c0 + c1 * x_star + c2 * x_star ** 2)
