@@ -15,10 +15,12 @@ The package map, bottom to top. A module imports only from its own row or the ro
 - **scaling** (``scaling/``): ``recompute`` (gradient checkpointing), ``batch_threads`` (a
   training batch cut across threads), ``precision`` (mixed precision), ``quantize`` (int8),
   ``mpi`` (data parallelism across processes), ``zero`` (ZeRO-1), ``step_memory`` (a step's
-  peak memory, predicted). ``recompute`` and ``batch_threads`` are how a model's blocks run (the
-  model's own keywords choose them), so in the import order they sit just below ``models/``.
-- **using a model**: ``generate`` (greedy, sampling, the KV cache), ``beam``, ``bpe`` (the
-  tokenizer).
+  peak memory, predicted). ``recompute`` (a stack of blocks that a model's keyword builds) and
+  ``batch_threads`` (a wrapper that ``train`` runs every model through) sit just below
+  ``models/`` in the import order. A model has one ``forward`` and one ``backward``: every way of
+  running it wraps it from outside.
+- **using a model**: ``kv_cache`` (decoding with a key/value cache, through each layer's own
+  arithmetic), ``generate`` (greedy, sampling), ``beam``, ``bpe`` (the tokenizer).
 - **data** (``data/``): every task's data, generated or read locally, seeded.
 - **commands** (``runs/``): ``python -m tformer run SYSTEM``, ``generate``, ``quantize``.
 - **experiments** (``experiments/``): the commands that write ``book/data/*.json``, and

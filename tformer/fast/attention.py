@@ -90,12 +90,6 @@ def _causal_mask(T):
     return np.tril(np.ones((T, T), dtype=bool))
 
 
-
-
-
-
-
-
 def _tiles(T):
     """Query tiles ``[(a, b), ...]`` of the causal path, ``_TILE`` rows each (the last may be shorter).
 
@@ -146,12 +140,6 @@ def _causal_forward(q, k, v, scale, y, G=1):
 def _scaled(q, scale):
     """scale · Q, a new array in Q's format (float16/bfloat16: multiplied in float32, rounded once)."""
     return np.multiply(q, scale, dtype=compute_dtype(q.dtype)).astype(q.dtype, copy=False)
-
-
-
-
-
-
 
 
 def attention_backward(dy, cache, out=None):
