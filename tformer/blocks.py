@@ -1,4 +1,4 @@
-"""Transformer blocks: the three residual wirings the sources use.
+"""Transformer blocks: the three residual wirings of the book's systems.
 
 - ``ResidualBlock`` (the two-layer transformer): X̃ = X + MHA(X),  Y = X̃ + FFN(X̃);
   no normalisation.

@@ -1,14 +1,14 @@
-"""The five source systems, one file each (see ``shared/seeds``), and the first chapter's model.
+"""The book's five systems, one file each, and the first chapter's model.
 
-| class | seed | file |
+| class | system | file |
 | --- | --- | --- |
-| ``AttentionLayer`` | 001 | ``attention_layer.py`` |
-| ``TwoLayerTransformer`` | 000 | ``two_layer.py`` |
-| ``Transformer`` | 002 | ``transformer.py`` |
-| ``Encoder`` | 003 | ``encoder.py`` |
-| ``TinyGPT`` | 004 | ``tinygpt.py`` |
+| ``AttentionLayer`` | the single attention layer | ``attention_layer.py`` |
+| ``TwoLayerTransformer`` | the two-layer transformer | ``two_layer.py`` |
+| ``Transformer`` | the complete Transformer (decoder-only) | ``transformer.py`` |
+| ``Encoder`` | the post-LN encoder | ``encoder.py`` |
+| ``TinyGPT`` | TinyGPT, a byte-level GPT | ``tinygpt.py`` |
 
-``OneHeadLM`` (``one_head.py``) is no source system: the whole picture of the first chapter, a
+``OneHeadLM`` (``one_head.py``) is none of the five: the whole picture of the first chapter, a
 byte-level language model with one causal attention head.
 """
 from .attention_layer import AttentionLayer

@@ -6,7 +6,7 @@
 
 trained with L = ½‖Y − Y_true‖² (so ∂L/∂Y = Y − Y_true) and AdamW with ε inside the square root.
 The layer is ``tformer.attention.MultiHeadAttention`` with one head and no biases: with H = 1 the
-head size is D = d_model, so its default scale 1/√D is its source's 1/√d_model.
+head size is D = d_model, so its default scale 1/√D is the layer's 1/√d_model.
 """
 import numpy as np
 

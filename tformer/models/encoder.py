@@ -5,7 +5,7 @@
     H_l = LN(Z_l + FFN(Z_l)),  FFN(z) = max(0, z W_1 + b_1) W_2 + b_2          l = 1 .. n_layers
     Ŷ = O = H_{n_layers}                               (B, T, d)
 
-Its source's encoder output is O of the last block: no LayerNorm or projection follows it. Its input
+The encoder's output is O of the last block: no LayerNorm or projection follows it. Its input
 is already a float tensor X (no embedding), and the reconstruction task asks for Ŷ ≈ X under the
 mean squared error ``L = ‖Ŷ − X‖² / (B·T·d)`` (``F.mse_loss``, reduction "mean").
 """

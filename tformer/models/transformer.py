@@ -1,4 +1,5 @@
-"""The complete Transformer of the guide, a decoder-only language model (post-norm, ReLU).
+"""The complete Transformer: a decoder-only language model (post-norm, ReLU), not Vaswani et al.'s
+encoder–decoder.
 
     X⁰ = Drop(E[tokens] · √C + PE[:T])               (B, T, C)   embedding, sinusoidal positions
     Z  = LN(X + Drop(MHA(X; M)))                      (B, T, C)   } one post-norm block,
@@ -8,8 +9,9 @@
 The mask M lets position i attend to key j only if j ≤ i (causal) and token j is not padding
 (``create_padding_mask(tokens, pad_idx)``): the two boolean masks are combined with AND inside
 each attention layer. The embedding is multiplied by √C, as in Vaswani et al. §3.4, and drawn
-from N(0, 1/C), so that E·√C has unit variance, the same scale as the positional table (the guide
-does not say; ``scale_embedding=False`` turns the factor off, with N(0, 1) entries instead).
+from N(0, 1/C), so that E·√C has unit variance, the same scale as the positional table (the
+system's description leaves it open; ``scale_embedding=False`` turns the factor off, with N(0, 1)
+entries instead).
 
 One generator, ``self.rng``, initialises every weight and drives every dropout layer, so that a
 checkpoint (which stores ``model.rng``'s state) resumes a run bit for bit.
@@ -38,7 +40,7 @@ def parameter_count(vocab_size, d_model, n_layers, d_ff):
 class Transformer(Module):
     """logits = Transformer(tokens): ``tokens: (B, T)`` ints in [0, V) -> ``logits: (B, T, V)``.
 
-    Keyword arguments follow the guide: ``Transformer(vocab_size=10000, d_model=512, n_heads=8,
+    Keyword arguments, with their defaults: ``Transformer(vocab_size=10000, d_model=512, n_heads=8,
     n_layers=6, d_ff=2048, max_len=5000, dropout=0.1)``. ``pad_idx`` is the padding token (its
     keys are masked out; ``None`` for no padding mask). Children: ``embed``, ``pos``, ``drop``,
     ``blocks`` (``PostNormBlock(causal=True)``), ``ln_f``, ``proj``. ``attention="flash"``: every

@@ -9,8 +9,8 @@ For each layer l = 1, 2 (X_0 = X, Y = X_2):
     X_l = S'_l W_{2,l} + Z̃_l                                                   (B, T, d)
 
 trained with L = ½‖Y − Y_true‖² and AdamW with ε inside the square root. Each layer is a
-``tformer.blocks.ResidualBlock`` (single head, swish, ``bias=False``). Its source does not state
-the width of W_1; here ``d_ff`` defaults to 4·d, the usual choice.
+``tformer.blocks.ResidualBlock`` (single head, swish, ``bias=False``). The width of W_1 is a
+free choice; here ``d_ff`` defaults to 4·d, the usual choice.
 """
 import numpy as np
 
