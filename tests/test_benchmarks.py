@@ -212,7 +212,10 @@ def test_time_steps_times_at_least_steps_and_min_time():
     assert len(calls) == 5 and len(wall) == len(cpu) == 3
     calls.clear()
     wall, _ = time_steps(lambda: (calls.append(1), time.sleep(0.01)), 0, 2, min_time=0.05)
-    assert len(wall) >= 5 and sum(wall) >= 0.05 and len(calls) == len(wall)
+    # at least 2 steps, and then steps until they add up to 0.05 s, not one more (on a loaded
+    # machine a 10 ms sleep can take longer, so the count itself is not fixed)
+    assert len(wall) >= 2 and sum(wall) >= 0.05 and sum(wall[:-1]) < 0.05
+    assert len(calls) == len(wall) and min(wall) >= 0.01
 
 
 def test_bench_modules_import_without_torch():
@@ -341,16 +344,6 @@ def test_cross_entropy_one_pass_gradient_matches_the_two_step_formula_with_ignor
     ref *= valid[..., None] / n
     assert abs(loss - (-np.log(p[valid, t[valid]])).sum() / n) < 1e-12
     assert np.abs(d - ref).max() < 1e-15
-
-
-def test_layernorm_row_means_by_blas_handle_3d_and_noncontiguous_input():
-    rng = np.random.default_rng(5)
-    x = rng.standard_normal((2, 6, 10))[:, ::2]                  # (2, 3, 10), not contiguous
-    g, b = rng.standard_normal(10), rng.standard_normal(10)
-    y, cache = F.layernorm_forward(x, g, b)
-    mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
-    assert np.abs(y - ((x - mu) / np.sqrt(var + 1e-5) * g + b)).max() < 1e-13
-    assert cache[2].shape == cache[3].shape == (2, 3, 1)
 
 
 def test_adam_scratch_buffers_never_leak_between_parameters_of_different_sizes():
