@@ -214,7 +214,7 @@ def test_time_steps_times_at_least_steps_and_min_time():
     wall, _ = time_steps(lambda: (calls.append(1), time.sleep(0.01)), 0, 2, min_time=0.05)
     # at least 2 steps, and then steps until they add up to 0.05 s, not one more (on a loaded
     # machine a 10 ms sleep can take longer, so the count itself is not fixed)
-    assert len(wall) >= 2 and sum(wall) >= 0.05 and sum(wall[:-1]) < 0.05
+    assert len(wall) >= 2 and sum(wall) >= 0.05 and (len(wall) == 2 or sum(wall[:-1]) < 0.05)
     assert len(calls) == len(wall) and min(wall) >= 0.01
 
 
