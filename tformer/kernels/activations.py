@@ -70,7 +70,8 @@ def gelu_forward(x, approximate="tanh"):
     """GELU(x) = x Φ(x).
 
     ``approximate="none"``: Φ(x) = ½(1 + erf(x/√2)), exact.
-    ``approximate="tanh"``: Φ(x) ≈ s = ½(1 + tanh u), u = √(2/π)(x + c x³), c = 0.044715 (GPT-2).
+    ``approximate="tanh"``: Φ(x) ≈ s = ½(1 + tanh u), u = √(2/π)(x + c x³), c = 0.044715
+    (Hendrycks & Gimpel's tanh form, after Page 1977; GPT-2 uses it).
     Shapes: ``x: (...)`` -> ``y: (...)``. The cache holds ``x`` and Φ(x) (or s). Returns ``y, cache``.
     """
     if approximate == "tanh":

@@ -24,8 +24,7 @@ def causal_mask(T_q, T_k=None):
 def padding_mask(tokens, pad_idx=0):
     """M[b, 0, 0, j] = (tokens[b, j] ≠ pad_idx): no query attends to a padding key.
 
-    Shapes: ``tokens: (B, T)`` -> ``(B, 1, 1, T)`` boolean, broadcasting over heads and queries
-    (the guide's ``create_padding_mask``).
+    Shapes: ``tokens: (B, T)`` -> ``(B, 1, 1, T)`` boolean, broadcasting over heads and queries.
     """
     return (tokens != pad_idx)[:, None, None, :]
 

@@ -3,7 +3,7 @@ import numpy as np
 
 
 def mse_loss(y, target, reduction="mean"):
-    """Squared error in the scalings the sources use.
+    """Squared error in the three scalings of the book's systems.
 
     ``reduction="mean"`` (the post-LN encoder): L = ‖y − t‖² / N, dL/dy = 2(y − t)/N,
     N = y.size (B·T·d).
