@@ -400,6 +400,12 @@ def test_13_3_length_penalty_that_lets_beam_search_finish_the_longer_answer():
 # chapter 14: TinyGPT
 
 
+def test_14_1_tying_the_head_saves_V_times_C():
+    untied = TinyGPT(d_model=64, n_layers=2, max_len=16)
+    tied = TinyGPT(d_model=64, n_layers=2, max_len=16, tie_embeddings=True)
+    assert untied.num_parameters() - tied.num_parameters() == 256 * 64 == 16_384
+
+
 def test_14_2_a_finite_mask_leaks_only_when_it_is_small():
     rng = np.random.default_rng(0)
     q, k, v = rng.standard_normal((3, 1, 2, 12, 8)).astype(np.float32)    # (B, H, T, D)
