@@ -65,7 +65,7 @@ def test_20_4_three_parts_on_two_cores():
     from tformer.scaling.batch_threads import parts
 
     sizes = [b - a for a, b in parts(32, 3)]
-    assert sizes == [10, 11, 11] or sorted(sizes) == [10, 11, 11]
+    assert sizes == [10, 11, 11]
     assert [b - a for a, b in parts(32, 2)] == [16, 16]
     # the best that two cores can do with three parts: one core runs two of them
     best = min(max(sum(sizes[i] for i in g), sum(sizes) - sum(sizes[i] for i in g))
@@ -258,13 +258,15 @@ def test_23_3_a_nan_reaches_every_rank():
     grads[2, 3] = np.nan
     summed = grads.sum(axis=0)                     # what every rank holds after the all-reduce
     assert np.isnan(summed[3]) and np.isfinite(np.delete(summed, 3)).all()
-    assert all(not np.isfinite(summed).all() for _ in range(4))
+    ranks = [summed.copy() for _ in range(4)]      # every rank holds the same sum
+    assert all(not np.isfinite(r).all() for r in ranks)   # so every rank's check refuses it
 
 
 # --- Attention that never stores T × T --------------------------------------------------------
 def test_24_1_probabilities_from_the_log_sum_exp():
     rng = np.random.default_rng(0)
-    for dtype, bound in ((np.float64, 1e-11), (np.float32, 2e-3)):
+    worst = {}
+    for dtype in (np.float64, np.float32):
         S = (rng.uniform(-1, 1, (64, 64)) * 1e4).astype(dtype)
         m = S.max(axis=-1, keepdims=True)
         ell = np.exp(S - m).sum(axis=-1, keepdims=True)
@@ -273,11 +275,13 @@ def test_24_1_probabilities_from_the_log_sum_exp():
         exact = np.exp(S.astype(np.float64) - m.astype(np.float64))
         exact /= exact.sum(axis=-1, keepdims=True)
         big = exact > 1e-6
-        err = np.abs(P_lse[big] - exact[big]) / exact[big]
-        assert err.max() < bound
-        assert np.abs(P_ml[big] - exact[big]).max() / exact[big].min() < 1e30
-    # float32: one ulp of m = 1e4 is 2⁻¹⁰, so e^{S − L} is off by up to ~e^{2⁻¹¹} − 1 ≈ 5e-4
-    assert abs(np.spacing(np.float32(1e4)) - 2.0**-10) == 0
+        worst[dtype] = (np.abs(P_lse[big] - exact[big]) / exact[big]).max(), \
+            (np.abs(P_ml[big] - exact[big]) / exact[big]).max()
+    assert worst[np.float64][0] < 2e-12                      # near one ulp of m = 1e4
+    assert 1e-4 < worst[np.float32][0] < 1e-3                # a few 1e-4 in float32
+    assert worst[np.float32][1] < 1e-6 < worst[np.float32][0]   # more than e^{S−m}/ℓ's rounding
+    # one ulp of m = 1e4: 2⁻³⁹ in float64, 2⁻¹⁰ in float32
+    assert np.spacing(1e4) == 2.0**-39 and np.spacing(np.float32(1e4)) == 2.0**-10
 
 
 def test_24_2_two_halves_merge_into_one_pass():
