@@ -38,7 +38,8 @@ def test_every_system_is_drawn_with_the_wiring_its_model_has():
              for name, spec in tool.SYSTEMS.items()}
     assert "add" not in kinds["attention_layer"] and "norm" not in kinds["attention_layer"]
     assert kinds["two_layer"].count("add") == 2 and "norm" not in kinds["two_layer"]
-    # post-norm (002, 003): each ⊕ is followed by a LayerNorm; pre-norm (004): each skip by one
+    # post-norm (the complete Transformer, the encoder): each ⊕ is followed by a LayerNorm;
+    # pre-norm (TinyGPT): each skip by one
     for name in ("encoder", "transformer"):
         k = kinds[name]
         assert all(k[i + 1] == "norm" for i, x in enumerate(k) if x == "add")

@@ -464,7 +464,7 @@ def test_tinygpt_rejects_an_unknown_kernel():
 
 
 def test_transformer_with_flash_and_padding_equals_plain():
-    """Seed 002's model: causal + padding masks, which the flash path reads tile by tile."""
+    """The complete Transformer: causal + padding masks, which the flash path reads tile by tile."""
     tokens = np.array([[5, 7, 9, 3, 0, 0, 0], [4, 4, 8, 1, 2, 6, 3]])
     targets = np.roll(tokens, -1, axis=1)
     models, losses = {}, {}

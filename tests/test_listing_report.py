@@ -1,4 +1,4 @@
-"""tools/listing_report.py (issue 31's measure of the chapters' listings): its counts on a known
+"""tools/listing_report.py (the measure of the chapters' listings): its counts on a known
 listing and a synthetic notebook, and a run over the repository's chapters."""
 import importlib.util
 import json

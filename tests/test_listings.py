@@ -1,4 +1,4 @@
-"""The code a reader reads is the equation (issue 31): every function a chapter of the first two
+"""The code a reader reads is the equation: every function a chapter of the first two
 parts lists (chapters up to TinyGPT's samples, notebooks numbered up to 15) has at most
 ``LIMIT`` lines of code besides its docstring, comments and blank lines, and shows none of the
 names of a later chapter's features (threads, buffers, low precision, grouped-query attention,

@@ -1,4 +1,5 @@
-"""Bad or edge-case input to the models of seeds 000-003 (and TinyGPT, for the cases it shares),
+"""Bad or edge-case input to the single attention layer, the two-layer transformer, the post-LN
+encoder and the complete Transformer (and TinyGPT, for the cases it shares),
 their decoders and their run commands: each raises a ValueError/TypeError that names the argument
 with what was expected and what came, or behaves as the docstring says.
 

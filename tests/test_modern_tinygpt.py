@@ -1,6 +1,6 @@
 """TinyGPT with the modern block's keywords: defaults unchanged, every combination correct.
 
-The defaults must stay seed 004's model bit for bit; every combination of ``norm``, ``positions``,
+The defaults must stay TinyGPT's first model bit for bit; every combination of ``norm``, ``positions``,
 ``mlp``, ``n_kv_heads`` and ``tie_embeddings`` decodes with the KV cache exactly as it recomputes;
 the model with every option on passes the float64 gradient check. PyTorch parity of the whole
 modern model is in ``test_torch_parity_modern.py``.
@@ -45,7 +45,7 @@ def randomize(model, seed=1, scale=0.3):
     return model
 
 
-# --- the defaults are seed 004's model, unchanged --------------------------------------------------
+# --- the defaults are TinyGPT's first model, unchanged --------------------------------------------
 
 def test_defaults_are_the_model_before_the_modern_keywords():
     """Fingerprint taken on the commit before these keywords existed (2da402f): the same parameter
@@ -68,7 +68,7 @@ def test_defaults_are_the_model_before_the_modern_keywords():
     np.testing.assert_allclose(z[:, :, :2], before, rtol=1e-12, atol=1e-15)
 
 
-def test_defaults_equal_the_explicit_seed_004_keywords():
+def test_defaults_equal_the_explicit_first_model_keywords():
     a = tiny(n_heads=2)
     b = tiny(n_heads=2, norm="layernorm", positions="learned", mlp="gelu", n_kv_heads=2, tie_embeddings=False)
     assert a.config == b.config
@@ -277,7 +277,7 @@ def test_cli_run_with_modern_flags_and_generate(tmp_path, capsys):
 
 def test_generate_reads_a_checkpoint_saved_before_the_modern_keywords(tmp_path, capsys):
     model = tiny(np.float32, n_heads=2, max_len=16)
-    old = {k: v for k, v in model.config.items() if k not in ALL_ON}      # as seed 004's runs saved it
+    old = {k: v for k, v in model.config.items() if k not in ALL_ON}      # as runs before them saved it
     ck = str(tmp_path / "old.npz")
     save_checkpoint(ck, model, config=old, step=1)
     assert cli(["generate", "--checkpoint", ck, "--prompt", "ab", "--max-new-tokens", "5"]) == 0

@@ -92,9 +92,9 @@ def test_adamw_scalar_both_forms_by_hand():
             m = 0.9 * m + 0.1 * g
             v = 0.99 * v + 0.01 * g * g
             m_hat, v_hat = m / (1 - 0.9 ** t), v / (1 - 0.99 ** t)
-            if inside:   # seed 000: W = (1 − λη)W − η·(m/(1−β1^t)) / sqrt(v/(1−β2^t) + ε)
+            if inside:   # the two-layer transformer's form: W = (1 − λη)W − η·(m/(1−β1^t)) / sqrt(v/(1−β2^t) + ε)
                 th = (1 - lam * lr) * th - lr * m_hat / math.sqrt(v_hat + eps)
-            else:        # seed 004: θ ← θ − α(m̂/(√v̂+ε) + λθ)
+            else:        # TinyGPT's form: θ ← θ − α(m̂/(√v̂+ε) + λθ)
                 th = th - lr * (m_hat / (math.sqrt(v_hat) + eps) + lam * th)
             assert model.params["w"][0] == pytest.approx(th, rel=1e-14, abs=1e-15)
 
@@ -165,11 +165,40 @@ def test_adam_family_three_steps_by_hand(form):
         np.testing.assert_allclose(opt.state[k]["v"], v, rtol=1e-13, atol=1e-16)
 
 
+def test_one_adamw_step_by_hand_on_matrices():
+    """W ← (1 − λη) W − η · m̂ / √(v̂ + ε); at t = 1, m̂ = g and v̂ = g²."""
+    lr, wd, eps = 0.1, 0.01, 0.01                  # ε this large so that its placement shows
+    values = {"W_q": [[0.5, -0.25], [1.0, 0.0]], "W_k": [[0.1, 0.2], [0.3, 0.4]],
+              "W_v": [[1.0, 0.0], [0.0, 1.0]], "W_o": [[-0.5, 0.5], [0.25, 2.0]]}
+    grads = {"W_q": [[0.2, 0.0], [-0.3, 1.0]], "W_k": [[0.0, 0.1], [0.0, 0.0]],
+             "W_v": [[-2.0, 0.5], [0.05, 0.0]], "W_o": [[0.3, -0.1], [0.0, 0.7]]}
+    model = Params(values)                         # the single attention layer's four matrices
+    model.set_grads(grads)
+    P = model.params
+    assert all(P[sym].dtype == np.float64 for sym in values)
+    opt = AdamW(model, lr=lr, betas=(0.9, 0.999), eps=eps, weight_decay=wd, eps_inside_sqrt=True)
+    opt.step()
+    # one entry with numbers: W = 0.5, g = 0.2: 0.5·(1 − 0.001) − 0.1 · 0.2 / √(0.04 + 0.01)
+    assert abs(P["W_q"][0, 0] - (0.4995 - 0.02 / math.sqrt(0.05))) < 1e-15
+    assert abs(P["W_q"][0, 0] - 0.41005728) < 1e-8
+    # a zero gradient only decays: W = −0.25 → −0.25 · 0.999
+    assert abs(P["W_q"][0, 1] - (-0.24975)) < 1e-15
+    for sym in values:
+        W0, g = np.array(values[sym]), np.array(grads[sym])
+        m_hat = (1 - 0.9) * g / (1 - 0.9)
+        v_hat = (1 - 0.999) * g * g / (1 - 0.999)
+        expected = (1 - wd * lr) * W0 - lr * m_hat / np.sqrt(v_hat + eps)
+        assert np.abs(P[sym] - expected).max() < 1e-14, sym
+    # the other placement (√v̂ + ε, TinyGPT's) gives a different step here
+    outside = (1 - wd * lr) * 0.5 - lr * 0.2 / (math.sqrt(0.04) + eps)
+    assert abs(P["W_q"][0, 0] - outside) > 1e-3
+
+
 # ---------------------------------------------------------------- AdamW: the two forms, decoupling
 
 def test_adamw_forms_differ_exactly_by_eps_placement():
     # One step from the same θ: both shrink θ by (1 − ηλ), so
-    # θ_004 − θ_000 = η · m_hat · (1/√(v_hat+ε) − 1/(√v_hat+ε)).
+    # θ_outside − θ_inside = η · m_hat · (1/√(v_hat+ε) − 1/(√v_hat+ε)).
     lr, lam, eps = 1e-3, 0.01, 1e-8
     g = np.array([1e-6, -3e-7, 2.0, -0.5])           # tiny and ordinary gradients
     out = {}
@@ -182,11 +211,11 @@ def test_adamw_forms_differ_exactly_by_eps_placement():
     m_hat, v_hat = g, g * g                          # step 1: bias correction undoes (1−β)
     derived = lr * m_hat * (1 / np.sqrt(v_hat + eps) - 1 / (np.sqrt(v_hat) + eps))
     np.testing.assert_allclose(out[False] - out[True], derived, rtol=1e-8, atol=1e-18)
-    step004, step000 = 1.0 * (1 - lr * lam) - out[False], 1.0 * (1 - lr * lam) - out[True]
-    # tiny v_hat: seed 004 still moves ≈ η·sign(g); seed 000 moves ≈ η·g/√ε, 100× less for g=1e-6
-    assert abs(step004[0]) == pytest.approx(lr * 1e-6 / (1e-6 + 1e-8), rel=1e-6)
-    assert abs(step000[0]) == pytest.approx(lr * 1e-6 / math.sqrt(1e-12 + 1e-8), rel=1e-6)
-    assert abs(step000[0]) < 0.011 * abs(step004[0])
+    step_outside, step_inside = 1.0 * (1 - lr * lam) - out[False], 1.0 * (1 - lr * lam) - out[True]
+    # tiny v_hat: ε outside √ still moves ≈ η·sign(g); ε inside moves ≈ η·g/√ε, 100× less for g=1e-6
+    assert abs(step_outside[0]) == pytest.approx(lr * 1e-6 / (1e-6 + 1e-8), rel=1e-6)
+    assert abs(step_inside[0]) == pytest.approx(lr * 1e-6 / math.sqrt(1e-12 + 1e-8), rel=1e-6)
+    assert abs(step_inside[0]) < 0.011 * abs(step_outside[0])
     # ordinary gradients (v_hat ≫ ε): the forms agree to ~ε/|g|
     np.testing.assert_allclose(out[False][2:], out[True][2:], rtol=1e-7)
 

@@ -1,4 +1,4 @@
-"""TinyGPT's ``norm_position``: pre-norm (seed 004, the default, unchanged) against post-norm.
+"""TinyGPT's ``norm_position``: pre-norm (the default, unchanged) against post-norm.
 
 Post-norm must be the wiring X ← N(X + f(X)) with the same parameters; its gradients pass finite
 differences and PyTorch float64 parity (with the default block and with every modern option on);

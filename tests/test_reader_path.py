@@ -1,4 +1,4 @@
-"""The reader's path (issue 32): the book calls its systems by what they are and links its
+"""The reader's path: the book calls its systems by what they are and links its
 cross-references.
 
 - No "seed 000" ... "seed 004" anywhere a reader looks: the chapters (prose, code and outputs),

@@ -1,4 +1,5 @@
-"""Seed 002: the complete Transformer and every training feature its guide promises, each proved.
+"""The complete Transformer (tformer/models/transformer.py) and every training feature its guide
+promises, each proved.
 
 The guide's ``validate_model()`` (output shape, parameter count, gradient flow) becomes tests, and the
 gradient flow is checked against finite differences; then cross-entropy with padding, Adam,

@@ -1,4 +1,5 @@
-"""Seed 004, TinyGPT: gradients (finite differences, PyTorch), KV cache, sampling, checkpoints, data, CLI."""
+"""TinyGPT (tformer/models/tinygpt.py): gradients (finite differences, PyTorch), KV cache, sampling,
+checkpoints, data, CLI."""
 import os
 
 import numpy as np

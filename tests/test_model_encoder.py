@@ -1,10 +1,11 @@
-"""Seed 003: the post-LN encoder, its reconstruction data, its training run and its CLI.
+"""The post-LN encoder (tformer/models/encoder.py), its reconstruction data, its training run and
+its CLI.
 
 Oracles: float64 central differences for every parameter (and the input), the sinusoidal formula
 written out with ``math.sin`` / ``math.cos``, the split/merge reshapes as exact permutations, and
 PyTorch's ``nn.TransformerEncoderLayer`` (post-LN, ReLU) in float64 when torch is installed.
-The last section checks the claims of chapter 12's "What the published code computes": the seed's
-script's weight gradient is rejected by a gradient check, and a tensor whose gradient is always 0
+The last section checks the claims of the encoder chapter's "What the published code computes": the
+published script's weight gradient is rejected by a gradient check, and a tensor whose gradient is always 0
 never moves under Adam.
 """
 import json
@@ -37,8 +38,8 @@ def inputs(B=2, T=5, d=8, seed=1):
 
 # ---------------------------------------------------------------- gradients
 
-def test_every_parameter_gradient_with_the_seed_loss():
-    """The seed's loss L = ‖Ŷ − X‖²/(BTd) with target X, through both blocks, LayerNorm included."""
+def test_every_parameter_gradient_with_the_reconstruction_loss():
+    """The reconstruction loss L = ‖Ŷ − X‖²/(BTd) with target X, through both blocks, LayerNorm included."""
     model, x = tiny(), inputs()
     target = x.copy()
     errs = check_module(model, x, loss=lambda y: F.mse_loss(y, target), seed=3)
@@ -335,8 +336,8 @@ def test_cli_prints_the_final_mse_and_crossing(capsys):
 OUTPUT_LN = "blocks.1.ln2."
 
 
-def _seed_003_weight_grad(dy, cache):
-    """The weight gradient of seed 003's published script, as a NEGATIVE example: xᵀ of shape
+def _published_weight_grad(dy, cache):
+    """The weight gradient of the encoder's published script, as a NEGATIVE example: xᵀ of shape
     (B, d_in, T) reshaped straight to (d_in, B·T), then divided by B. dx and db are tformer's."""
     x, W, _ = cache
     B, T, d_in = x.shape
@@ -351,32 +352,32 @@ def _linear_case(B, seed):
 
 
 def test_linear_weight_grad_sums_over_every_token_of_every_sequence():
-    """dW = Σ_b x_bᵀ dy_b; the seed's reshape is another matrix for B > 1, not a multiple of it."""
+    """dW = Σ_b x_bᵀ dy_b; the published reshape is another matrix for B > 1, not a multiple of it."""
     x, W, b = _linear_case(4, 20)
     y, cache = F.linear_forward(x, W, b)
     dy = np.random.default_rng(21).standard_normal(y.shape)
     dW = F.linear_backward(dy, cache)[1]
     assert np.allclose(dW, sum(x[i].T @ dy[i] for i in range(4)), rtol=1e-12, atol=1e-12)
-    seed = _seed_003_weight_grad(dy, cache)[1] * 4                  # undo the division by B
-    cos = np.vdot(seed, dW) / (np.linalg.norm(seed) * np.linalg.norm(dW))
-    assert abs(cos) < 0.9 and not np.allclose(seed, dW)
+    published = _published_weight_grad(dy, cache)[1] * 4                  # undo the division by B
+    cos = np.vdot(published, dW) / (np.linalg.norm(published) * np.linalg.norm(dW))
+    assert abs(cos) < 0.9 and not np.allclose(published, dW)
 
 
 @pytest.mark.parametrize("B", [2, 3, 8])
-def test_gradcheck_rejects_the_seed_003_weight_gradient(B):
+def test_gradcheck_rejects_the_published_weight_gradient(B):
     inputs = _linear_case(B, B)
-    assert check_kernel(F.linear_forward, _seed_003_weight_grad, inputs, wrt=[1]) > 0.5
+    assert check_kernel(F.linear_forward, _published_weight_grad, inputs, wrt=[1]) > 0.5
     assert check_kernel(F.linear_forward, F.linear_backward, inputs, wrt=[1]) < 1e-7
 
 
-def test_the_seed_003_weight_gradient_passes_with_one_sequence():
+def test_the_published_weight_gradient_passes_with_one_sequence():
     """For B = 1 the reshape is the right matrix: a test with one sequence cannot see the bug."""
     inputs = _linear_case(1, 1)
-    assert check_kernel(F.linear_forward, _seed_003_weight_grad, inputs, wrt=[1]) < 1e-7
+    assert check_kernel(F.linear_forward, _published_weight_grad, inputs, wrt=[1]) < 1e-7
 
 
 def _train_output_ln_only(model, x, steps, lr):
-    """Seed 003's script in miniature: every gradient but the output LayerNorm's reads as 0."""
+    """The published script in miniature: every gradient but the output LayerNorm's reads as 0."""
     opt = Adam(model, lr=lr)
     for _ in range(steps):
         model.zero_grad()
