@@ -1,5 +1,5 @@
-"""tformer.parallel: results for every thread count, the pool's contract, and the causal attention
-path against the masked one."""
+"""tformer.parallel: results for every thread count and the pool's contract. (The causal attention
+path against the masked one: tests/test_fast_attention.py.)"""
 import os
 import subprocess
 import sys
@@ -11,7 +11,6 @@ import pytest
 
 from tformer import functional as F
 from tformer import parallel
-from tformer.gradcheck import check_kernel
 from tformer.models.tinygpt import TinyGPT
 from tformer.optim import AdamW
 
@@ -174,51 +173,6 @@ def test_env_var_limits_blas_even_when_tformer_is_imported_before_numpy():
     assert out.returncode != 0 and "TFORMER_NUM_THREADS: expected an integer" in out.stderr
 
 
-# --- the causal path of attention_forward --------------------------------------------------------
-
-@pytest.mark.parametrize("T", [1, 5, 32, 33, 64, 70, 130])
-def test_causal_path_equals_the_causal_mask(T, threads):
-    threads(2)
-    rng = np.random.default_rng(T)
-    q, k, v, dy = (rng.standard_normal((2, 3, T, 4)) for _ in range(4))
-    y1, c1 = F.attention_forward(q, k, v, F.causal_mask(T))
-    y2, c2 = F.attention_forward(q, k, v, is_causal=True)
-    assert np.abs(y1 - y2).max() < 1e-12
-    assert np.abs(c1[3] - c2[3]).max() < 1e-12                       # P, exactly 0 above the diagonal
-    assert (np.triu(c2[3], 1) == 0).all()
-    for g1, g2 in zip(F.attention_backward(dy, c1), F.attention_backward(dy, c2)):
-        assert np.abs(g1 - g2).max() < 1e-12
-
-
-def test_causal_path_gradcheck_and_errors():
-    rng = np.random.default_rng(0)
-    q, k, v = (rng.standard_normal((2, 2, 40, 3)) for _ in range(3))
-    assert check_kernel(F.attention_forward, F.attention_backward, [q, k, v],
-                        kwargs={"is_causal": True}) < 1e-6
-    with pytest.raises(ValueError, match="mask: must be None when is_causal=True"):
-        F.attention_forward(q, k, v, F.causal_mask(40), is_causal=True)
-    with pytest.raises(ValueError, match="is_causal: needs T_q = T_k"):
-        F.attention_forward(q[:, :, :5], k, v, is_causal=True)
-    y, _ = F.attention_forward(q[0, 0], k[0, 0], v[0, 0], is_causal=True)   # one (T, D) sequence
-    y_ref, _ = F.attention_forward(q[0, 0], k[0, 0], v[0, 0], F.causal_mask(40))
-    assert np.abs(y - y_ref).max() < 1e-12
-
-
-@pytest.mark.torch_parity
-def test_causal_path_matches_torch_sdpa_float64():
-    torch = pytest.importorskip("torch")
-    rng = np.random.default_rng(1)
-    q, k, v, dy = (rng.standard_normal((2, 2, 70, 4)) for _ in range(4))
-    y, cache = F.attention_forward(q, k, v, is_causal=True)
-    grads = F.attention_backward(dy, cache)
-    tq, tk, tv = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
-    ty = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=True)
-    ty.backward(torch.tensor(dy))
-    assert np.abs(y - ty.detach().numpy()).max() < 1e-12
-    for g, t in zip(grads, (tq, tk, tv)):
-        assert np.abs(g - t.grad.numpy()).max() < 1e-12
-
-
 def test_scratch_is_reused_per_thread_and_slot_and_grows():
     a = parallel.scratch("test_slot", (4, 8), np.float32)
     b = parallel.scratch("test_slot", (2, 3), np.float32)
@@ -317,14 +271,6 @@ def test_an_error_is_raised_only_after_every_part_has_finished(threads):
     with pytest.raises(RuntimeError, match="first part failed"):
         parallel.parallel_for(part, 100)
     assert len(finished) == 1 and finished[0][1] == 100     # the other part ran to its end
-
-
-def test_causal_path_refuses_nan_like_the_masked_path():
-    q = np.random.default_rng(5).standard_normal((1, 2, 70, 4))
-    q[0, 1, 66, 2] = np.nan                                    # in the second tile
-    for kw in ({"is_causal": True}, {"mask": F.causal_mask(70)}):
-        with pytest.raises(ValueError, match="x: contains NaN or \\+inf"):
-            F.attention_forward(q, q, q, **kw)
 
 
 @pytest.mark.parametrize("kw", [{}, {"n_kv_heads": 2}, {"rope": True}, {"fused_qkv": True}])
