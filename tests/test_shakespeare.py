@@ -1,4 +1,6 @@
-"""The Shakespeare corpus (tformer.data.shakespeare): its format, its bytes, and its errors."""
+"""The Shakespeare corpus (tformer.data.shakespeare): its format, its bytes, and its errors; and
+the ``shakespeare`` command (tformer.experiments.shakespeare): its flags, its first steps, and
+one run end to end at toy size."""
 import importlib.metadata
 import re
 
@@ -125,3 +127,44 @@ def test_the_experiments_first_steps_follow_the_recipe():
     assert res["curve"][-1][0] == 2 and len(res["loss"]) == 2
     assert run.schedule(1) == pytest.approx(1e-5) and run.schedule(2000) == pytest.approx(1e-4)
     assert model.num_parameters() > 800_000 and data.block_size == 64 and data.batch_size == 12
+
+
+def test_the_shakespeare_command_writes_its_record(text, tmp_path, monkeypatch, capsys):
+    """``python -m tformer shakespeare`` end to end at toy size, into tmp_path (never book/data):
+    its flags at their smallest (one seed, 2 steps: --steps must exceed the warm-up, shrunk here to
+    1 with the model, which no flag reaches; no PyTorch twin), short evaluations and samples."""
+    import json
+    import math
+    from pathlib import Path
+    from tformer.__main__ import main as cli
+    from tformer.experiments import shakespeare as run
+    for key, value in dict(n_layers=1, n_heads=2, d_model=16, block_size=16, batch_size=4,
+                           warmup=1).items():
+        monkeypatch.setitem(run.RECIPE, key, value)
+    monkeypatch.setattr(run, "EVAL_EVERY", 1)
+    monkeypatch.setattr(run, "EVAL_WINDOWS", 4)
+    monkeypatch.setattr(run, "SAMPLE_CHARS", 8)
+    book = Path(__file__).resolve().parents[1] / "book" / "data" / "shakespeare.json"
+    before = (book.stat().st_mtime_ns, book.stat().st_size) if book.exists() else None
+    out = tmp_path / "shakespeare.json"
+    assert cli(["shakespeare", "--out", str(out), "--seeds", "0", "--steps", "2", "--no-torch",
+                "--threads", "1"]) == 0
+    assert f"wrote {out}" in capsys.readouterr().out
+    assert ((book.stat().st_mtime_ns, book.stat().st_size) if book.exists() else None) == before
+    r = json.loads(out.read_text())
+    assert r["steps"] == 2 and r["recipe"]["d_model"] == 16 and "torch" not in r
+    assert len(r["provenance"]["commit"]) == 40 and r["seconds"] > 0
+    assert r["corpus"]["fingerprint"] == S.fingerprint(text) and r["corpus"]["chars"] == len(text)
+    train, val = r["corpus"]["train_bytes"], r["corpus"]["val_bytes"]
+    assert abs(val / (train + val) - r["recipe"]["val_fraction"]) < 0.01       # the recipe's split
+    (seed,) = r["seeds"].values()
+    assert len(seed["loss"]) == 2 and [c[0] for c in seed["curve"]] == [0, 1, 2]
+    assert all(abs(v - math.log(256)) < 0.5 for c in seed["curve"] for v in c[1:])   # near chance
+    f = seed["final"]
+    assert abs(f["val_bits"] - f["val_nats"] / math.log(2)) < 1e-12
+    assert abs(f["val_perplexity"] - math.exp(f["val_nats"])) < 1e-9 * f["val_perplexity"]
+    assert 0.9 * val < f["val_chars"] <= val
+    assert set(seed["samples"]) == {"0.5", "0.8", "1"}
+    assert all(s.startswith("\n") for s in seed["samples"].values())
+    assert r["summary"]["seeds"] == 1 and r["summary"]["val_nats_std"] == 0.0
+    assert r["summary"]["val_nats_mean"] == f["val_nats"]
