@@ -103,7 +103,7 @@ def test_lean_step_gives_the_bits_of_the_general_layers(cfg, B, dtype, n_threads
 
 
 def test_lean_step_equals_recomputation_float64():
-    """KV cache = recomputation (as test_seed_004), through the lean step."""
+    """KV cache = recomputation (as the TinyGPT model tests), through the lean step."""
     model = TinyGPT(d_model=32, n_heads=4, n_layers=2, max_len=16, seed=3,
                     dtype=np.float64).eval()
     seq = np.random.default_rng(1).integers(0, 256, (2, 16))

@@ -24,7 +24,7 @@ def threads(monkeypatch):
 
 
 CONFIGS = {
-    "seed 004": {},
+    "TinyGPT": {},
     "tied embeddings": dict(tie_embeddings=True),
     "gradient checkpointing": dict(gradient_checkpointing=True),
     "online softmax": dict(attention="flash"),
