@@ -18,7 +18,7 @@ import sys  # noqa: E402
 
 # Every command: name -> (its module, one-line description). The module has
 # ``add_arguments(parser)`` and ``main(args)``, and may have ``check_args(args)`` (flags that must
-# agree). ``run SYSTEM`` trains a source system; the other commands stand alone.
+# agree). ``run SYSTEM`` trains one of the five systems; the other commands stand alone.
 RUNS = {
     "attention": ("tformer.runs.attention",
                   "the single attention layer: one self-attention layer on the copy-the-max-row task"),
@@ -78,9 +78,9 @@ def _add(sub, name, module, help_text):
 
 def build_parser():
     parser = argparse.ArgumentParser(prog="python -m tformer",
-                                     description="Train and sample the book's source systems.")
+                                     description="Train and sample the five systems the book rebuilds.")
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="train one source system")
+    run = sub.add_parser("run", help="train one of the five systems")
     systems = run.add_subparsers(dest="system", required=True, metavar="SYSTEM")
     for name, (module, help_text) in RUNS.items():
         p = _add(systems, name, module, help_text)

@@ -1,6 +1,6 @@
 """The one training loop: accumulation, clipping, schedules, evaluation, checkpoints, NaN guard.
 
-Every source system trains through ``train``. What differs between them is passed in:
+Every system of the book trains through ``train``. What differs between them is passed in:
 ``batch(step) -> batch`` (a pure function of the step, so a resumed run sees the same data) and
 ``forward_loss(model, batch) -> (loss, dout)``, which runs the forward pass and the loss and
 returns the gradient of the loss with respect to the model's output. ``train`` then calls

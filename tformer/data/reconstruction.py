@@ -72,7 +72,8 @@ class ReconstructionData:
 
 
 def forward_loss(model, x):
-    """L = ‖model(X) − X‖² / (B·T·d),  ∂L/∂Ŷ = 2(Ŷ − X)/(B·T·d): the source's loss.
+    """L = ‖model(X) − X‖² / (B·T·d),  ∂L/∂Ŷ = 2(Ŷ − X)/(B·T·d): the post-LN encoder's loss
+    (the mean over every entry).
 
     The ``forward_loss(model, batch) -> (loss, dout)`` that ``tformer.train.train`` expects.
     """
@@ -93,6 +94,6 @@ def mse(model, X, batch_size=256):
 
 
 def per_token_error(model, X):
-    """‖Ŷ[n, t] − X[n, t]‖₂ for every token: ``(N, T)`` (the source's "per-token embedding error")."""
+    """‖Ŷ[n, t] − X[n, t]‖₂ for every token: ``(N, T)`` (the post-LN encoder's "per-token embedding error")."""
     diff = model.forward(X) - X
     return np.sqrt(np.einsum("ntd,ntd->nt", diff, diff))

@@ -8,7 +8,7 @@ nanoGPT's README trains its character-level Shakespeare model on a CPU with
 --max_iters=2000 --lr_decay_iters=2000 --dropout=0.0``, and the config file sets the rest:
 learning rate 1e-3 with 100 warm-up steps and a cosine down to 1e-4, AdamW with β2 = 0.99,
 weight decay 0.1 (``train.py``'s default) and the gradient norm clipped to 1.0. ``RECIPE`` holds
-those numbers; here they train TinyGPT (the byte-level decoder of the source systems, as it is:
+those numbers; here they train TinyGPT (the book's byte-level decoder, as it is:
 biases, an untied LM head, decay on every parameter) on the plays of
 ``tformer.data.shakespeare`` as bytes. The text is ASCII, so a byte is a character and the loss is
 in nats per character.

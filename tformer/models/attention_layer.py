@@ -14,7 +14,7 @@ from .._validate import sequences, upstream
 from ..attention import MultiHeadAttention
 from ..layers import Module
 
-# the source's symbols -> qualified parameter names of ``named_parameters()``
+# the layer's symbols -> qualified parameter names of ``named_parameters()``
 SYMBOLS = {"W_q": "attn.q.W", "W_k": "attn.k.W", "W_v": "attn.v.W", "W_o": "attn.o.W"}
 
 
@@ -43,7 +43,7 @@ class AttentionLayer(Module):
                                        init_std=init_std)
         self._out = None                   # (shape, dtype) of the last forward output
 
-    # the source's names for the four matrices (views of the parameters, not copies)
+    # the equation's names for the four matrices (views of the parameters, not copies)
     W_q = property(lambda self: self.attn.q.W)
     W_k = property(lambda self: self.attn.k.W)
     W_v = property(lambda self: self.attn.v.W)

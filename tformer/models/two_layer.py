@@ -19,7 +19,7 @@ from ..attention import MultiHeadAttention
 from ..blocks import ResidualBlock
 from ..layers import Module, ModuleList
 
-# the source's symbols (layer l = 1, 2) -> qualified parameter names of ``named_parameters()``
+# the equations' symbols (layer l = 1, 2) -> qualified parameter names of ``named_parameters()``
 SYMBOLS = {f"{sym},{l}": f"blocks.{l - 1}.{name}" for l in (1, 2) for sym, name in
            (("W_q", "attn.q.W"), ("W_k", "attn.k.W"), ("W_v", "attn.v.W"), ("W_o", "attn.o.W"),
             ("W_1", "ffn.fc1.W"), ("W_2", "ffn.fc2.W"))}

@@ -1,1 +1,1 @@
-"""Command-line runs, one module per source system: each defines ``add_arguments(parser)`` and ``main(args)``."""
+"""Command-line runs, one module per system: each defines ``add_arguments(parser)`` and ``main(args)``."""

@@ -1,9 +1,10 @@
 """``python -m tformer run transformer``: the complete Transformer on a padded sequence task.
 
 Trains ``tformer.models.transformer.Transformer`` to reverse (or sort) sequences of variable
-length, padded on the right, with the training features of the guide: cross-entropy that ignores
-padding, Adam, a warm-up schedule (cosine or the guide's ``min(step^-0.5, step·warmup^-1.5)``),
-gradient clipping by global norm, gradient accumulation, atomic checkpoints of model + optimizer +
+length, padded on the right, with every training feature of the complete Transformer:
+cross-entropy that ignores padding, Adam, a warm-up schedule (cosine, or Vaswani et al.'s
+``min(step^-0.5, step·warmup^-1.5)``), gradient clipping by global norm, gradient accumulation,
+atomic checkpoints of model + optimizer +
 config + step (``--resume`` continues one bit for bit), and the NaN guard. It ends by printing the
 exact-match accuracy of greedy decoding and of beam search on held-out sequences.
 
@@ -47,7 +48,7 @@ def add_arguments(p):
     g.add_argument("--min-len", type=positive_int, default=1, help="shortest sequence")
     g.add_argument("--max-len", type=positive_int, default=8,
                    help="longest sequence (rows are padded to 2·max_len+3)")
-    g = p.add_argument_group("model (the guide's Transformer, decoder-only)")
+    g = p.add_argument_group("model (the complete Transformer, decoder-only)")
     g.add_argument("--d-model", type=positive_int, default=64, help="width C")
     g.add_argument("--n-heads", type=positive_int, default=4, help="attention heads H")
     g.add_argument("--n-layers", type=positive_int, default=2, help="post-norm blocks N")
