@@ -135,7 +135,8 @@ test-nbval: $(TEST_STAMP)
 	$(NBVAL)
 
 # nbval once more, under another CPU's floating-point arithmetic forced on this machine: an older
-# OpenBLAS kernel set (Sandybridge on any CPU with AVX2 or better) and NumPy's baseline SIMD level.
+# OpenBLAS kernel set (one rung below the CPU's: Haswell below AVX-512) and NumPy's dispatch level of
+# the same instruction encoding (never AVX BLAS beside SSE NumPy: Intel's transition penalty).
 # tools/other_arithmetic.py picks both, checks that they took effect, prints them, and runs nbval;
 # where nothing older can be forced (not x86-64, no OpenBLAS) it says why in one line and skips.
 test-nbval-other: $(TEST_STAMP)

@@ -34,11 +34,12 @@ def noam_lr(step, d_model, warmup):
     step: int >= 1 (the 1-based number of the optimizer step about to be taken);
     d_model: int >= 1; warmup: int >= 1. Returns a Python float (an absolute learning rate).
 
-    The complete Transformer's guide passes ``lambda step: min(step**-0.5, step*warmup**-1.5)`` to PyTorch's
+    The usual PyTorch form passes ``lambda step: min(step**-0.5, step*warmup**-1.5)`` to
     ``LambdaLR`` as a *multiplier* of the base lr; ``noam_lr(step, 1, warmup)`` is exactly that
     multiplier. Step 0 is not defined (``0**-0.5`` is infinite) and raises ``ValueError``: note that
-    ``LambdaLR`` evaluates its lambda at step 0 when it is constructed, so the guide's snippet as
-    written stops with ``ZeroDivisionError`` there; counting steps from 1 avoids that.
+    ``LambdaLR`` evaluates its lambda at step 0 when it is constructed, so that lambda as written
+    stops with ``ZeroDivisionError`` there (the auditing appendix shows it); counting steps from 1
+    avoids that.
     """
     step = _check_int("step", step, 1)
     d_model = _check_int("d_model", d_model, 1)
