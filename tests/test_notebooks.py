@@ -56,6 +56,8 @@ def find_notebooks(directory=NOTEBOOK_DIR):
 
 
 IGNORE_TAG = "nbval-ignore-output"
+# print("the claim:", True): a literal that repeats an assert, which the reader must skip
+LITERAL_PRINT = re.compile(r"print\([^\n]*,\s*(?:True|False)\s*\)")
 
 
 def ignores_output(cell):
@@ -273,6 +275,9 @@ def notebook_problems(nb, size=0):
     shown = measured_prints([_text(c.get("source", "")) for c in code])
     for i, cell in enumerate(code):
         src = _text(cell.get("source", ""))
+        if LITERAL_PRINT.search(src):
+            problems.append(f"code cell {i}: prints a literal True/False after an assert: let the "
+                            "assert and the prose carry the claim, or print a stable quantity")
         if "NBVAL_SKIP" in src:
             problems.append(f"code cell {i}: NBVAL_SKIP hides the cell from nbval")
         elif "NBVAL_" in src:
@@ -418,6 +423,8 @@ def test_checker_flags_a_never_executed_notebook():
     (lambda nb: [nb["cells"][i]["metadata"].update(tags=["nbval-ignore-output"]) for i in (2, 4)],
      "nbval-ignore-output (over"),
     (lambda nb: nb["cells"][2].update(source="# NBVAL_IGNORE_OUTPUT\n1"), "use the cell tag"),
+    (lambda nb: nb["cells"][2].update(source='assert 1 < 2\nprint("one below two:", True)'),
+     "literal True/False"),
     (lambda nb: nb["cells"][2].update(source="# NBVAL_IGNORE_OUTPUT - timing\n1"), "alone on its line"),
 ])
 def test_checker_flags_each_problem(spoil, expected):
