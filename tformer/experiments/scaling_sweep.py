@@ -5,8 +5,8 @@
     D_ij  = C_i / f(s_j)                   tokens of shape s_j at compute budget C_i
     steps = round(D_ij / (B·T)),   loss = nats per character of the eight plays' validation text
 
-For each compute budget ``C_i`` (``--budgets``, FLOPs) and each of ``--sizes`` shapes around the
-budget's guess of the optimum, one TinyGPT is trained from scratch for the tokens the budget
+For each compute budget ``C_i`` (``--budgets``, FLOPs) and each of ``--sizes`` shapes spread over
+tokens per weight (below), one TinyGPT is trained from scratch for the tokens the budget
 buys, with its learning rate on a cosine that ends at its own last step (Hoffmann et al. 2022:
 a schedule longer than the run overstates the loss of the short runs). FLOPs are counted as the
 Performance chapter counts them (``train_step_flops``: forward and backward, every matrix product,
@@ -54,7 +54,7 @@ SHAPES = ((2, 16), (2, 32), (2, 48), (2, 64), (2, 96), (3, 96), (3, 128), (4, 12
           (5, 192), (6, 192), (6, 224), (6, 256), (8, 256))
 HEAD_WIDTH = 32
 # The range of tokens per weight each profile spans: Chinchilla's 20 inside it, and room on both
-# sides (at 8e12 FLOPs, 4x128 with D/N ≈ 0.7 did best of the vocabulary probe's runs).
+# sides (in the vocabulary probe, 4x128 at D/N ≈ 0.4 and 2x32 at D/N ≈ 5 came within 0.03).
 TOKENS_PER_WEIGHT = (0.6, 60.0)
 # The chapter "TinyGPT learns Shakespeare"'s recipe (nanoGPT's CPU run: T = 64, B = 12, AdamW
 # with lr 1e-3 → 1e-4 on a cosine, β2 = 0.99, decay 0.1, clip 1), its warm-up 5 % of each run.
