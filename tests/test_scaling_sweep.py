@@ -57,3 +57,12 @@ def test_a_tiny_sweep_writes_its_runs_and_a_rerun_skips_them(tmp_path, capsys):
     assert "1 runs already in" in capsys.readouterr().out and out.read_text() == before
     with pytest.raises(UsageError, match="another corpora"):
         S.main(parse(*[("320" if a == "300" else a) for a in argv]))   # another tokenizer
+
+
+def test_an_unreadable_or_unwritable_out_is_a_usage_error(tmp_path):
+    with pytest.raises(ValueError, match="--out"):
+        parse("--out", str(tmp_path))                                  # a folder
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(UsageError, match="--out"):
+        S.load_previous(str(bad), {})

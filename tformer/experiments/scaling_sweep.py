@@ -42,6 +42,7 @@ from ..models.tinygpt import TinyGPT
 from ..optim import AdamW
 from ..progress import progress
 from ..runs.flags import UsageError, positive_float, positive_int
+from ..runs.paths import check_paths
 from ..schedules import cosine_with_warmup
 from ..train import train
 from .provenance import load_average, now, record
@@ -256,7 +257,7 @@ def parse_shape(text):
 
 
 def check_args(args):
-    """Vocabularies ≥ 256, seeds and vocabularies distinct."""
+    """Vocabularies ≥ 256, seeds and vocabularies distinct, ``--out`` writable."""
     if min(args.vocab_sizes) < 256:
         raise ValueError(f"--vocab-sizes: expected sizes ≥ 256 (the 256 bytes), got {args.vocab_sizes}")
     for name in ("vocab_sizes", "seeds", "budgets"):
@@ -266,6 +267,7 @@ def check_args(args):
     if args.sizes > len(args.shapes):
         raise ValueError(f"--sizes: expected at most {len(args.shapes)} (the ladder of --shapes), "
                          f"got {args.sizes}")
+    check_paths([], [("--out", args.out)])
 
 
 def load_previous(path, setup):
@@ -273,8 +275,15 @@ def load_previous(path, setup):
     if not os.path.exists(path):
         return {}
     import json
-    with open(path, encoding="utf-8") as f:
-        old = json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            old = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UsageError(f"--out: expected a scaling-sweep result to resume in {path!r}, got a "
+                         f"file that does not read as one ({e})") from None
+    if not isinstance(old, dict) or not isinstance(old.get("runs", []), list):
+        raise UsageError(f"--out: expected a scaling-sweep result to resume in {path!r}, got JSON "
+                         f"of another kind")
     for name, value in setup.items():
         if json.loads(json.dumps(value)) != old.get(name):
             raise UsageError(f"--out: {path} holds runs of another {name} ({old.get(name)!r}, now "
