@@ -18,7 +18,7 @@ from tformer.__main__ import main as cli
 from tformer.attention import MultiHeadAttention
 from tformer.checkpoint import read_checkpoint
 from tformer.gradcheck import check_kernel, check_module, rel_error
-from tformer.kernels import flash_attention as fa
+from tformer.fast import flash_attention as fa
 from tformer.models.tinygpt import TinyGPT
 from tformer.models.transformer import Transformer
 

@@ -31,10 +31,10 @@ TRACED = ("kernels", "fast")
 #: Functions that run but compute nothing of the model, with the reason.
 EXEMPT = {
     "tformer.fast.decode.no_split": "decides whether the lean decode step applies",
-    "tformer.kernels._grouped_heads._split_axis": "chooses the axis a kernel splits across threads",
-    "tformer.kernels._grouped_heads._items": "counts the work items of that axis",
-    "tformer.kernels._grouped_heads._rows_of": "slices one thread's part of that axis",
-    "tformer.kernels._grouped_heads.group_size": "H / H_kv, from two shapes",
+    "tformer.fast._grouped_heads._split_axis": "chooses the axis a kernel splits across threads",
+    "tformer.fast._grouped_heads._items": "counts the work items of that axis",
+    "tformer.fast._grouped_heads._rows_of": "slices one thread's part of that axis",
+    "tformer.fast._grouped_heads.group_size": "H / H_kv, from two shapes",
     "tformer.kernels.rope._check_base": "an argument check",
 }
 

@@ -24,7 +24,7 @@ from .fast import rope as _fast_rope
 from .fast import softmax as _fast_softmax
 from .fast import swiglu as _fast_swiglu
 from .kernels import attention as _attention
-from .kernels import flash_attention as _flash
+from .fast import flash_attention as _flash
 # The fixed positions: no faster version, its own boundary. The modern block's kernels (RMSNorm,
 # RoPE, SwiGLU): checked below, then their fast versions; rope_angles checks its own arguments.
 from .kernels.positional import sinusoidal_positions
@@ -310,14 +310,14 @@ def _check_cross_entropy(logits, targets, ignore_index):
 def flash_attention_forward(q, k, v, mask=None, scale=None, is_causal=False, out=None,
                             block_q=None, block_k=None):
     """Y = softmax(scale · Q Kᵀ + M) V by the online softmax
-    (``tformer.kernels.flash_attention.flash_attention_forward``), its arguments checked first.
+    (``tformer.fast.flash_attention.flash_attention_forward``), its arguments checked first.
     Returns ``y, cache``."""
     _attn_checks.check_flash(q, k, v, mask, is_causal, out, block_q, block_k)
     return _flash.flash_attention_forward(q, k, v, mask, scale, is_causal, out, block_q, block_k)
 
 
 def flash_attention_backward(dy, cache, out=None):
-    """dQ, dK, dV of the online softmax (``tformer.kernels.flash_attention.flash_attention_backward``),
+    """dQ, dK, dV of the online softmax (``tformer.fast.flash_attention.flash_attention_backward``),
     its arguments checked first; ``out=(dq, dk, dv)``: arrays to write into."""
     _attn_checks.check_flash_backward(dy, cache, out)
     return _flash.flash_attention_backward(dy, cache, out)

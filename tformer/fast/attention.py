@@ -26,7 +26,7 @@ import numpy as np
 
 from .. import parallel
 from .._dtypes import compute_dtype, matmul
-from ..kernels._grouped_heads import _grouped, _items, _matmul_sum, _rows_of, _split_axis, group_size
+from ._grouped_heads import _grouped, _items, _matmul_sum, _rows_of, _split_axis, group_size
 from .softmax import _softmax_backward_inplace, _softmax_inplace, _softmax_shifted_inplace
 
 _TILE = 64

@@ -26,7 +26,7 @@ from . import linear as _linear
 from .activations import _gelu_tanh_rows
 from .layernorm import _rows as _ln_rows
 from .linear import _rows as _linear_rows
-from ..kernels._grouped_heads import _split_axis
+from ._grouped_heads import _split_axis
 from .softmax import _exp_rows, _softmax_inplace
 
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64))   # float16/bfloat16: general path

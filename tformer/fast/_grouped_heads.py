@@ -1,6 +1,6 @@
 """Grouped-query heads as views, and the batch split across threads: the helpers that the fast
 attention kernels (``tformer.fast.attention``) and the online softmax
-(``tformer.kernels.flash_attention``) share. The modern block lists ``_grouped`` and
+(``tformer.fast.flash_attention``) share. The modern block lists ``_grouped`` and
 ``_matmul_sum``, the appendix "The faster kernels, beside the equations" the rest.
 """
 import math

@@ -17,7 +17,7 @@ FlashAttention papers compute this D). Memory: O(T·D) per head instead of O(T²
 
 The tile loops are the algorithm; inside a tile every product is one batched BLAS call over all
 the leading axes (batch and heads), so there is no Python loop over B or H. Grouped-query attention
-reuses ``_grouped`` and ``_matmul_sum`` (kernels/_grouped_heads.py), as the plain kernel's fast
+reuses ``_grouped`` and ``_matmul_sum`` (fast/_grouped_heads.py), as the plain kernel's fast
 version does (fast/attention.py).
 """
 import math
