@@ -128,8 +128,11 @@ serve: $(STAMP)
 
 # -rfEs: the summary names every failure, error and skip with its reason. A skipped PyTorch parity
 # test fails the run (tests/conftest.py).
+# The unit tests run UNIT_WORKERS at a time (pytest-xdist, each file on one worker; every test
+# sets its own thread count where it needs one), so that make test keeps within its budget.
+UNIT_WORKERS ?= 2
 test-unit: $(TEST_STAMP)
-	$(RUN_NB) $(BIN)/python -m pytest tests -p no:cacheprovider -rfEs
+	$(RUN_NB) $(BIN)/python -m pytest tests -p no:cacheprovider -rfEs -n $(UNIT_WORKERS) --dist loadfile
 
 test-nbval: $(TEST_STAMP)
 	$(NBVAL)
