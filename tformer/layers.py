@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 from . import functional as F
-from .fast import decode as fast_decode, linear as fast_linear
+from .fast import linear as fast_linear
 from .fast import activations as fast_act, dropout as fast_dropout, embedding as fast_emb, layernorm as fast_ln
 from ._validate import float_array
 
@@ -234,8 +234,11 @@ class Linear(Module):
 
     def rows(self, x):
         """Y = X W + b for the rows ``x: (N, d_in)`` of one decoding step, unsplit, nothing kept
-        for a backward pass (``tformer.kv_cache``): the bits of ``forward`` on the same rows."""
-        return fast_decode.linear_rows(x, self.W, self.b)
+        for a backward pass (``tformer.kv_cache``): ``forward``'s row function on the same rows,
+        so its bits."""
+        y = np.empty((x.shape[0], self.W.shape[1]), self.W.dtype)      # (N, d_out)
+        fast_linear._rows(x, self.W, self.b, y)
+        return y
 
 
 class Embedding(Module):
