@@ -50,6 +50,8 @@ COMMANDS = {
              "full, LoRA at several ranks and targets, from scratch (writes a JSON file)"),
     "scaling-sweep": ("tformer.experiments.scaling_sweep", "IsoFLOP profiles of TinyGPT on all 38 plays: "
                       "budgets x model sizes, nats/char of the eight plays' validation text (writes a JSON file)"),
+    "long-run": ("tformer.experiments.long_run", "the scaling law chooses a model and predicts its loss "
+                 "(--predict), then the run trains it, samples it and ships it (writes a JSON file)"),
     "bench": ("tformer.bench.run", "training and generation against PyTorch (writes a JSON file)"),
 }
 
