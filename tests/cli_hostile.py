@@ -57,6 +57,8 @@ LIMITED = {"--bpe", "--lora", "--max-new-tokens", "--sample-tokens", "--d-model"
 TEXT_VALUES = {"--temperatures": ["1", "abc", "nan", "-1", "", "0.5,1", ",", "inf"],
                "--lora-targets": ["attn", "all", "wq", "", ",", "mlp,o"],
                "--prompt": ["def ", "", "\udcff", "x" * 40]}
+# The tokens each model checkpoint of ``fixtures`` reads (a --draft must read the target's).
+TOKENS = {"base.npz": "bytes", "int8.npz": "bytes", "lora.npz": "bytes", "bpe.npz": "bpe"}
 SKIP = {"-h", "--help", "--threads", "--no-progress", "--corpus"}
 TIMEOUT = 20
 
@@ -231,6 +233,8 @@ def invocation(pick):
         if pick([True, False, False]):
             argv += ["--checkpoint", "base.npz", "--adapter",
                      pick(["lora.adapter.npz"] * 2 + PATHS)]
+        if pick([True, False, False]):
+            argv += ["--draft", pick(["base.npz", "int8.npz", "bpe.npz"] + PATHS)]
     elif command == "quantize":
         argv = ["quantize", pick(["base.npz"] * 3 + PATHS), "--eval-windows", "2", "--gen-tokens",
                 "2", "--threads", "1"]
@@ -280,6 +284,10 @@ def must_refuse(argv):
     if command == "generate" and _flag(argv, "--tokenizer") == "other.tokenizer.json" and \
             _flag(argv, "--checkpoint") == "bpe.npz":
         return "a tokenizer of another run with the same vocabulary"
+    if command == "generate":
+        target, draft = (TOKENS.get(_flag(argv, f)) for f in ("--checkpoint", "--draft"))
+        if target and draft and target != draft:
+            return "a draft of another vocabulary"
     if command == "run tinygpt" and "--lora-targets" in argv and "--lora" not in argv:
         return "--lora-targets without --lora"
     for flag in ("--bpe", "--lora", "--max-new-tokens", "--sample-tokens", "--gen-tokens"):

@@ -4,6 +4,7 @@ import errno
 import os
 import shutil
 
+import numpy as np
 import pytest
 
 import cli_hostile
@@ -52,6 +53,21 @@ CASES = {
     "top-p 2": ([*GEN, "--top-p", "2"], ["argument --top-p:"]),
     "top-p nan": ([*GEN, "--top-p", "nan"], ["argument --top-p:"]),
     "seed -1": ([*GEN, "--seed", "-1"], ["argument --seed: expected an integer ≥ 0"]),
+    "min-p 2": ([*GEN, "--min-p", "2"],
+                ["argument --min-p: expected a fraction of the largest probability in [0, 1]"]),
+    "min-p nan": ([*GEN, "--min-p", "nan"], ["argument --min-p:"]),
+    "lookahead 0": ([*GEN, "--draft", "base.npz", "--lookahead", "0"],
+                    ["argument --lookahead: expected an integer ≥ 1"]),
+    "lookahead without a draft": ([*GEN, "--lookahead", "2"],
+                                  ["--lookahead: applies to speculative decoding", "--draft"]),
+    "draft without the cache": ([*GEN, "--draft", "base.npz", "--no-cache"],
+                                ["--no-cache: speculative decoding (--draft) runs through the KV"]),
+    "draft of another vocabulary": ([*GEN, "--checkpoint", "base.npz", "--draft", "bpe.npz"],
+                                    ["--draft: expected a model of the 256 tokens --checkpoint "
+                                     "reads, got"]),
+    "draft missing": ([*GEN, "--checkpoint", "base.npz", "--draft", "missing.npz"], ["--draft:"]),
+    "draft an adapter": ([*GEN, "--checkpoint", "base.npz", "--draft", "lora.adapter.npz"],
+                         ["--draft:", "LoRA adapter file, not a checkpoint"]),
     "prompt not UTF-8": ([*GEN, "--prompt", "a\udcff"], ["argument --prompt: expected UTF-8 text"]),
     "checkpoint that is an adapter": ([*GEN, "--checkpoint", "lora.adapter.npz"],
                                       ["--checkpoint:", "LoRA adapter file, not a checkpoint"]),
@@ -152,6 +168,43 @@ def refused(argv, work, parts):
 def test_each_case_of_the_audit_is_a_usage_error(name, work):
     argv, parts = CASES[name]
     refused(argv, work, parts)
+
+
+def test_a_draft_of_another_tokenizer_is_refused(work):
+    """bpe.npz's weights under a record of another tokenizer of the same size: same vocabulary,
+    other tokens."""
+    import json
+
+    from tformer.bpe import BPETokenizer
+    from tformer.checkpoint import read_npz, write_npz
+    from tformer.runs.files import tokenizer_record
+    meta, arrays = read_npz(os.path.join(work, "bpe.npz"))
+    other = BPETokenizer.load(os.path.join(work, "other.tokenizer.json"))
+    meta["extra"]["tokenizer"] = tokenizer_record(other)
+    write_npz(os.path.join(work, "draft-other.npz"), {**arrays, "meta": np.array(json.dumps(meta))})
+    refused([*GEN, "--checkpoint", "bpe.npz", "--tokenizer", "bpe.tokenizer.json", "--draft",
+             "draft-other.npz"], work, ["--draft: expected a model of the tokens --checkpoint reads",
+                                        "--draft 'draft-other.npz' was trained with"])
+
+
+@pytest.mark.parametrize("draft, target, tokenizer", [("base.npz", "base.npz", None),
+                                                      ("int8.npz", "base.npz", None),
+                                                      ("bpe.npz", "bpe.npz", "bpe.tokenizer.json")])
+def test_generate_with_a_draft_writes_the_greedy_text_of_the_checkpoint(work, draft, target,
+                                                                       tokenizer):
+    argv = ["generate", "--max-new-tokens", "12", "--threads", "1", "--temperature", "0",
+            "--checkpoint", target] + (["--tokenizer", tokenizer] if tokenizer else [])
+    plain = cli_hostile.run(argv, work)
+    fast = cli_hostile.run([*argv, "--draft", draft, "--lookahead", "3"], work)
+    assert plain[0] == fast[0] == 0 and plain[1] == fast[1] and len(plain[1]) > 5
+
+
+def test_generate_samples_with_min_p_and_a_draft(work):
+    argv = [*GEN, "--max-new-tokens", "8", "--checkpoint", "base.npz", "--min-p", "0.1",
+            "--top-k", "20", "--top-p", "0.9", "--temperature", "1.2"]
+    for extra in ([], ["--draft", "int8.npz"]):
+        code, out, err = cli_hostile.run([*argv, *extra], work)
+        assert code == 0 and out.startswith("def ") and not err, (code, err)
 
 
 def test_a_full_disk_keeps_the_old_checkpoint_and_says_so(work, monkeypatch):

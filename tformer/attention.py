@@ -21,7 +21,7 @@ methods of its own, listed where it is taught:
   projection's gradient written in place (``_fused_backward``), by ``tformer.fast.attention``.
 - The online softmax: ``attention="flash"``, the same attention computed without storing the
   (B, H, T, T_k) probabilities (``F.flash_attention_forward``).
-- The KV cache of sampling: ``KVCache``, ``new_cache``.
+- The KV cache of sampling: ``KVCache``, ``new_cache`` (``KVCache.crop``: speculative decoding).
 """
 import numpy as np
 
@@ -64,6 +64,14 @@ class KVCache:
         self.v[:, :, self.t:self.t + T_new] = v
         self.t += T_new
         return self.k[:, :, :self.t], self.v[:, :, :self.t]
+
+    def crop(self, t):
+        """Keep the first ``t`` positions and forget the rest (0 ≤ t ≤ the positions held): the
+        next ``append`` writes at position ``t``. Speculative decoding rolls back rejected drafts
+        with it."""
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t <= self.t:
+            raise ValueError(f"t: expected an integer from 0 to the {self.t} positions held, got {t!r}")
+        self.t = int(t)
 
 
 class MultiHeadAttention(Module):

@@ -1,4 +1,4 @@
-"""Decoding from token models: greedy and sampling (temperature, top-k, top-p), with a KV cache.
+"""Decoding from token models: greedy and sampling (``tformer.samplers``), with a KV cache.
 
 A token model is anything with ``forward(tokens: (B, T) ints) -> logits: (B, T, V)``. When it can
 decode with a key/value cache (``tformer.kv_cache.supports``: TinyGPT), decoding runs the prompt
@@ -17,42 +17,9 @@ import numpy as np
 
 from . import kv_cache
 from ._validate import index_range, int_array
-
-
-def top_k_filter(logits, k):
-    """z'_v = z_v if z_v ≥ (k-th largest z) else −inf, along the last axis.
-
-    Shapes: ``logits: (..., V)`` -> ``(..., V)`` (a new array). ``k`` ≥ V keeps everything; tokens
-    tied with the k-th largest value are all kept, so more than ``k`` survive only on exact ties.
-    """
-    V = logits.shape[-1]
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise ValueError(f"k: expected an integer ≥ 1, got {k!r}")
-    if k >= V:
-        return logits.copy()
-    kth = np.partition(logits, V - k, axis=-1)[..., V - k:V - k + 1]          # (..., 1)
-    return np.where(logits >= kth, logits, -np.inf)
-
-
-def top_p_filter(logits, p):
-    """Nucleus filter: keep the smallest set of most probable tokens whose probability sums to ≥ p.
-
-    With the tokens sorted by probability, π_(1) ≥ π_(2) ≥ …, token (j) is kept when the mass
-    before it, Σ_{i<j} π_(i), is below ``p``; so the most probable token is always kept, and the
-    others are set to −inf. Shapes: ``logits: (..., V)`` -> ``(..., V)``; ``p`` in (0, 1].
-    """
-    if not 0.0 < p <= 1.0:
-        raise ValueError(f"p: expected a probability in (0, 1], got {p!r}")
-    z = logits - logits.max(axis=-1, keepdims=True)
-    probs = np.exp(z)
-    probs /= probs.sum(axis=-1, keepdims=True)                                 # (..., V)
-    order = np.argsort(-probs, axis=-1, kind="stable")                         # (..., V)
-    sorted_p = np.take_along_axis(probs, order, axis=-1)
-    before = np.cumsum(sorted_p, axis=-1) - sorted_p                           # mass ahead of each
-    keep_sorted = before < p
-    keep = np.empty_like(keep_sorted)
-    np.put_along_axis(keep, order, keep_sorted, axis=-1)
-    return np.where(keep, logits, -np.inf)
+# The samplers live in tformer.samplers; their names stay importable from here.
+from .samplers import (check_sampling, probabilities, sample_from_logits,  # noqa: F401
+                       top_k_filter, top_p_filter, min_p_filter)
 
 
 def _rng_of(seed, rng):
@@ -61,39 +28,6 @@ def _rng_of(seed, rng):
             raise TypeError(f"rng: expected a numpy.random.Generator, got {type(rng).__name__}")
         return rng
     return np.random.default_rng(seed)
-
-
-def _check_temperature(temperature):
-    """τ is a finite number ≥ 0 (NaN or ∞ would turn every probability into NaN or a tie)."""
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float, np.integer, np.floating)):
-        raise TypeError(f"temperature: expected a number ≥ 0, got {type(temperature).__name__}")
-    if not (np.isfinite(temperature) and temperature >= 0):
-        raise ValueError(f"temperature: expected a finite number ≥ 0, got {temperature}")
-
-
-def sample_from_logits(logits, rng, temperature=1.0, top_k=None, top_p=None):
-    """One token per row from ``softmax(filter(z / temperature))``; ``temperature=0`` is argmax.
-
-    Shapes: ``logits: (B, V)`` -> ``(B,)`` int64. The draw is by inverse CDF with one uniform number
-    per row, ``u ~ U[0, total)``: token v is taken when cdf_{v−1} ≤ u < cdf_v, which is impossible
-    for a filtered token (its probability, hence its step of the CDF, is exactly 0).
-    """
-    _check_temperature(temperature)
-    z = logits.astype(np.float64)
-    if top_k is not None:
-        z = top_k_filter(z, top_k)
-    if temperature == 0:
-        return z.argmax(axis=-1)
-    z = z / temperature
-    if top_p is not None:
-        z = top_p_filter(z, top_p)
-    z -= z.max(axis=-1, keepdims=True)
-    probs = np.exp(z)                                                          # (B, V), 0 where filtered
-    cdf = np.cumsum(probs, axis=-1)                                            # (B, V)
-    u = rng.random(z.shape[0]) * cdf[:, -1]                                    # (B,)
-    idx = (cdf <= u[:, None]).sum(axis=-1)                                     # (B,)
-    last = probs.shape[-1] - 1 - (probs[:, ::-1] > 0).argmax(axis=-1)          # last kept token
-    return np.minimum(idx, last).astype(np.int64)                              # guards u rounding up
 
 
 def _check_decode(model, prompt, max_new_tokens):
@@ -165,20 +99,21 @@ def greedy(model, prompt, max_new_tokens, stop_token=None, use_cache=True):
 
 
 def sample(model, prompt, max_new_tokens, temperature=1.0, top_k=None, top_p=None, seed=0, rng=None,
-           stop_token=None, use_cache=True):
+           stop_token=None, use_cache=True, min_p=None):
     """x_{t+1} ~ softmax(filter(logits(x_{≤t}) / temperature)), appended ``max_new_tokens`` times.
 
     ``temperature``: > 1 flattens, < 1 sharpens, 0 is greedy: the argmax at every step, so the
-    same tokens as ``greedy`` (``top_k`` and ``top_p`` then change nothing, since the argmax is
-    always kept, and no random number is drawn); NaN, ∞ or < 0 raise ValueError. ``top_k``: only the k most likely
-    tokens; ``top_p``: only the nucleus of mass ``p`` (applied after the temperature, as in
-    Hugging Face's ``generate``). The draws come from ``rng`` or, if none, from
+    same tokens as ``greedy`` (the filters then change nothing, since the argmax is always kept,
+    and no random number is drawn); NaN, ∞ or < 0 raise ValueError. ``top_k``: only the k most
+    likely tokens; ``top_p``: only the nucleus of mass ``p``; ``min_p``: only the tokens of
+    probability ≥ min_p times the largest. They apply in Hugging Face's order, temperature, top-k,
+    top-p, min-p (``tformer.samplers``). The draws come from ``rng`` or, if none, from
     ``np.random.default_rng(seed)``: a fixed seed gives the same text.
     Shapes: ``prompt: (B, T0)`` ints -> ``(B, T0 + max_new_tokens)``.
     """
     gen = _rng_of(seed, rng)
-    _check_temperature(temperature)
+    check_sampling(temperature, top_k, top_p, min_p)
 
     def pick(z):
-        return sample_from_logits(z, gen, temperature, top_k, top_p)
+        return sample_from_logits(z, gen, temperature, top_k, top_p, min_p)
     return _decode(model, prompt, max_new_tokens, pick, stop_token, use_cache)

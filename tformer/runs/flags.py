@@ -69,6 +69,12 @@ def top_p(text):
     return _number(text, float, "a probability mass in (0, 1]", lambda v: 0 < v <= 1)
 
 
+def min_p(text):
+    """min-p's fraction of the largest probability: a number in [0, 1] (0 keeps every token)."""
+    return _number(text, float, "a fraction of the largest probability in [0, 1]",
+                   lambda v: 0 <= v <= 1)
+
+
 # The most tokens one command writes in one go: the sequence it holds (int64 ids, and the text
 # it prints) stays in the megabytes.
 MAX_NEW_TOKENS = 1_000_000

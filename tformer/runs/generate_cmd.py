@@ -4,17 +4,23 @@ The checkpoint holds the model's configuration, so the model is rebuilt from it 
 are loaded; the prompt is UTF-8 encoded into bytes, the model's tokens. A model trained on BPE tokens
 (``run tinygpt --bpe V``) needs its tokenizer: ``--tokenizer FILE`` encodes the prompt and decodes
 the output with it.
+
+``--draft CHECKPOINT --lookahead k``: speculative decoding (``tformer.speculative``), the draft
+proposing k tokens a round and the checkpoint's model checking them in one pass; the text is
+distributed as without it (with ``--temperature 0``, the same text). The draft must read the same
+tokens: the same vocabulary, and for a BPE model the same tokenizer.
 """
 import sys
 
 from ..data.text import decode, encode
 from ..generate import sample
+from ..speculative import speculative_sample
 from . import finetune
 from .tinygpt import DEFAULT_CHECKPOINT
 from .files import load_tinygpt  # noqa: F401  (rebuilds a TinyGPT from its checkpoint)
 from .files import check_tokenizer, load_tinygpt_file, load_tokenizer_file
-from .flags import (MAX_NEW_TOKENS, UsageError, new_tokens, nonnegative_float, nonnegative_int,
-                    positive_int, top_p, utf8_text)
+from .flags import (MAX_NEW_TOKENS, UsageError, min_p, new_tokens, nonnegative_float,
+                    nonnegative_int, positive_int, top_p, utf8_text)
 
 
 def add_arguments(p):
@@ -28,6 +34,14 @@ def add_arguments(p):
     p.add_argument("--temperature", type=nonnegative_float, default=0.8, help="0 = greedy; > 1 flatter, < 1 sharper")
     p.add_argument("--top-k", type=positive_int, default=None, help="sample only from the k most likely bytes")
     p.add_argument("--top-p", type=top_p, default=None, help="sample only from the nucleus of mass p, in (0, 1]")
+    p.add_argument("--min-p", type=min_p, default=None,
+                   help="sample only tokens of probability ≥ this fraction of the largest, "
+                        "in [0, 1]")
+    p.add_argument("--draft", metavar="CHECKPOINT", default=None,
+                   help="speculative decoding: a smaller TinyGPT of the same tokens proposes, the "
+                        "checkpoint's model checks (the same distribution of text)")
+    p.add_argument("--lookahead", type=positive_int, default=None,
+                   help=f"tokens the --draft proposes per round (default {LOOKAHEAD})")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the draws: the same seed, the same text")
     p.add_argument("--no-cache", action="store_true", help="recompute everything at every step")
     p.add_argument("--tokenizer", metavar="FILE", default=None,
@@ -36,10 +50,20 @@ def add_arguments(p):
     finetune.add_generate_arguments(p)
 
 
+LOOKAHEAD = 4
+
+
 def check_args(args):
-    """The prompt holds at least one byte (the model continues something)."""
+    """The prompt holds at least one byte (the model continues something); ``--lookahead`` goes
+    with ``--draft``, which decodes through the KV cache (not with ``--no-cache``)."""
     if not args.prompt:
         raise ValueError("--prompt: expected at least one character, got ''")
+    if args.lookahead is not None and args.draft is None:
+        raise ValueError("--lookahead: applies to speculative decoding; expected --draft "
+                         "CHECKPOINT with it, got none")
+    if args.draft is not None and args.no_cache:
+        raise ValueError("--no-cache: speculative decoding (--draft) runs through the KV cache; "
+                         "expected one of the two, got both")
 
 
 def main(args):
@@ -49,8 +73,15 @@ def main(args):
     prompt = to_ids(args.prompt)
     if prompt.size == 0:
         raise UsageError(f"--prompt: expected text that makes at least one token, got {args.prompt!r}")
-    out = sample(model, prompt[None, :], args.max_new_tokens, temperature=args.temperature,
-                 top_k=args.top_k, top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache)
+    filters = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                   min_p=args.min_p)
+    if args.draft is None:
+        out = sample(model, prompt[None, :], args.max_new_tokens, seed=args.seed,
+                     use_cache=not args.no_cache, **filters)
+    else:
+        draft = _draft(args, model)
+        out, _ = speculative_sample(model, draft, prompt[None, :], args.max_new_tokens,
+                                    args.lookahead or LOOKAHEAD, seed=args.seed, **filters)
     sys.stdout.write(to_text(out[0]) + "\n")
     return 0
 
@@ -70,3 +101,21 @@ def _codec(path, vocab_size, meta=None, checkpoint=None):
     if meta is not None:
         check_tokenizer(meta, tokenizer, "--tokenizer", path, "--checkpoint", checkpoint)
     return tokenizer.encode, tokenizer.decode
+
+
+def _draft(args, model):
+    """The ``--draft`` model: a TinyGPT checkpoint of the target's vocabulary, trained with the
+    tokenizer the target reads (the 256 bytes, or ``--tokenizer``); a UsageError otherwise."""
+    draft, draft_meta = load_tinygpt_file("--draft", args.draft)
+    V, V_draft = model.config["vocab_size"], draft.config["vocab_size"]
+    if V_draft != V:
+        raise UsageError(f"--draft: expected a model of the {V} tokens --checkpoint reads, got "
+                         f"{V_draft} in {args.draft!r}")
+    tokenizer = None if args.tokenizer is None else \
+        load_tokenizer_file("--tokenizer", args.tokenizer)
+    try:
+        check_tokenizer(draft_meta, tokenizer, "--tokenizer", args.tokenizer, "--draft", args.draft)
+    except UsageError as e:
+        raise UsageError(f"--draft: expected a model of the tokens --checkpoint reads; {e}") \
+            from None
+    return draft
