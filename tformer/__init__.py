@@ -20,7 +20,8 @@ The package map, bottom to top. A module imports only from its own row or the ro
   ``models/`` in the import order. A model has one ``forward`` and one ``backward``: every way of
   running it wraps it from outside.
 - **using a model**: ``kv_cache`` (decoding with a key/value cache, through each layer's own
-  arithmetic), ``generate`` (greedy, sampling), ``beam``, ``bpe`` (the tokenizer).
+  arithmetic), ``samplers`` (temperature, top-k, top-p, min-p), ``generate`` (greedy, sampling),
+  ``speculative`` (speculative decoding), ``beam``, ``bpe`` (the tokenizer).
 - **data** (``data/``): every task's data, generated or read locally, seeded.
 - **commands** (``runs/``): ``python -m tformer run SYSTEM``, ``generate``, ``quantize``.
 - **experiments** (``experiments/``): the commands that write ``book/data/*.json``, and
