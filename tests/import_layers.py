@@ -35,7 +35,7 @@ LAYERS = [
                         "tformer.scaling.batch_threads"]),
     ("models", ["tformer.models", "tformer.models.*"]),
     ("training", ["tformer.schedules", "tformer.optim", "tformer.runlog", "tformer.checkpoint",
-                  "tformer.train", "tformer.lora_file"]),
+                  "tformer.train", "tformer.lora_file", "tformer.dpo"]),
     ("scaling", ["tformer.scaling.precision", "tformer.scaling.quantize", "tformer.scaling.zero",
                  "tformer.scaling.mpi", "tformer.scaling.step_memory"]),
     ("using a model", ["tformer.kv_cache", "tformer.samplers", "tformer.generate",
