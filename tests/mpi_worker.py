@@ -36,6 +36,7 @@ def parse(argv=None):
     p.add_argument("--bad-rank", type=int, default=-1)
     p.add_argument("--raise-at", type=int, default=-1)
     p.add_argument("--nan-at", type=int, default=-1)
+    p.add_argument("--freeze", nargs="*", default=(), help="paths of modules to freeze")
     p.add_argument("--out", default=None)
     return p.parse_args(argv)
 
@@ -43,6 +44,11 @@ def parse(argv=None):
 def main(args):
     world = get_world()
     model = TinyGPT(d_model=16, n_heads=2, n_layers=2, max_len=T, seed=args.seed, dtype=args.dtype)
+    for path in args.freeze:                                   # Module.freeze, by dotted path
+        module = model
+        for name in path.split("."):
+            module = module._children[name]
+        module.freeze()
     dp = DataParallel(model, world, zero=args.zero) if world.size > 1 or args.zero else None
 
     def make(m):

@@ -36,8 +36,13 @@ CONFIGS = {
     "post-norm": (dict(norm_position="post"), {}),
     "accumulation": ({}, dict(accum_steps=2)),
     "clipping": ({}, dict(clip_norm=0.05)),
+    # Module.freeze on these layers (the learned positions, which TinyGPT's backward adds itself,
+    # among them): the others' gradients, and zeros in the frozen places of the flat buffer.
+    "frozen layers": (dict(freeze=("wte", "wpe", "blocks.0.attn", "blocks.1.ffn.fc2", "lm_head")),
+                      dict(clip_norm=0.05)),
     "all together": (dict(gradient_checkpointing=True, attention="flash", tie_embeddings=True,
-                          norm="rmsnorm", positions="rope", mlp="swiglu", n_kv_heads=2),
+                          norm="rmsnorm", positions="rope", mlp="swiglu", n_kv_heads=2,
+                          freeze=("wte", "blocks.0.ln1", "blocks.1.attn.o", "lm_head")),
                      dict(accum_steps=2, clip_norm=0.05)),
 }
 # The model's dtype and the compute precision: float64 (the exact check), float32, and mixed
@@ -59,12 +64,23 @@ class Recorder:
         P[...] = self.targets[len(self.grads) - 1]
 
 
+def submodule(model, path):
+    """The module at ``path`` (``"blocks.0.attn"``) of ``model``."""
+    for name in path.split("."):
+        model = model._children[name]
+    return model
+
+
 def step_grads(config, precision, world=None):
     """``(STEPS, n_params)`` float64: the gradients handed to the optimizer at steps 1..STEPS."""
     model_kw, train_kw = CONFIGS[config]
+    model_kw = dict(model_kw)
+    frozen = model_kw.pop("freeze", ())
     dtype, low = PRECISIONS[precision]
     model = TinyGPT(d_model=32, n_heads=4, n_layers=2, max_len=T, vocab_size=V, seed=0,
                     dtype=dtype, **model_kw)
+    for path in frozen:
+        submodule(model, path).freeze()
     P0 = model.flat_buffers()[0].copy()
     rng = np.random.default_rng(7)
     targets = [P0 + 0.02 * (k + 1) * rng.standard_normal(P0.size).astype(dtype)
@@ -86,6 +102,22 @@ def step_grads(config, precision, world=None):
     if len(rec.grads) != STEPS:
         raise AssertionError(f"{config}, {precision}: {STEPS - len(rec.grads)} steps skipped")
     return np.stack(rec.grads)
+
+
+def frozen_places(config):
+    """Boolean mask of the flat buffer: True where a parameter of ``config`` is frozen."""
+    model_kw = dict(CONFIGS[config][0])
+    frozen = model_kw.pop("freeze", ())
+    model = TinyGPT(d_model=32, n_heads=4, n_layers=2, max_len=T, vocab_size=V, seed=0, **model_kw)
+    for path in frozen:
+        submodule(model, path).freeze()
+    P = model.flat_buffers()[0]
+    mask, base = np.zeros(P.size, bool), P.__array_interface__["data"][0]
+    for _, p, g in model.named_parameters():
+        if g is None:
+            at = (p.__array_interface__["data"][0] - base) // P.itemsize
+            mask[at:at + p.size] = True
+    return mask
 
 
 def rel_norm(a, b):

@@ -1,6 +1,7 @@
 """Every training option composes with every way of running a step: the gradient handed to the
 optimizer at 2 and 3 threads (the batch cut across threads) and on 2 MPI ranks equals one
-thread's, at the same weights, for every configuration × precision of ``tests/step_matrix.py``.
+thread's, at the same weights, for every configuration × precision of ``tests/step_matrix.py``
+(frozen layers among them: their places in the flat gradient are exactly zero everywhere).
 
 Bounds, as ‖g_n − g_1‖ / ‖g_1‖ over each step's whole gradient:
 - float64: 1e-12 (only the order of a few sums changes);
@@ -62,7 +63,15 @@ def one_thread(config, precision):
         parallel.set_num_threads(before)
 
 
-def _check(got, ref, precision, where):
+@functools.lru_cache(maxsize=None)
+def frozen_places(config):
+    return sm.frozen_places(config)
+
+
+def _check(got, ref, precision, where, config=None):
+    frozen = frozen_places(config) if config is not None else None
+    if frozen is not None:
+        assert not got[:, frozen].any(), f"{where}: a frozen parameter has a gradient"
     for k in range(sm.STEPS):
         err = sm.rel_norm(got[k], ref[k])
         assert err < BOUND[precision], (f"{where}, step {k + 1}: ‖g − g₁‖/‖g₁‖ = {err:.3g}, "
@@ -88,7 +97,7 @@ def test_threads_hand_the_optimizer_one_threads_gradient(config, precision, thre
     finally:
         batch_threads.Replicas.split = real_split
     assert any(cut is not None and len(cut) == threads for cut in model_parts)
-    _check(got, ref, precision, f"{config}, {precision}, {threads} threads")
+    _check(got, ref, precision, f"{config}, {precision}, {threads} threads", config)
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +117,7 @@ def two_ranks(tmp_path_factory):
 @pytest.mark.parametrize("config,precision", CASES)
 def test_two_ranks_hand_the_optimizer_one_process_gradient(config, precision, two_ranks):
     _check(two_ranks[f"{config}|{precision}"], one_thread(config, precision), precision,
-           f"{config}, {precision}, 2 MPI ranks")
+           f"{config}, {precision}, 2 MPI ranks", config)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])

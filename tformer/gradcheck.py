@@ -101,6 +101,7 @@ def check_module(module, x, seed=0, h=1e-6, max_entries=None, check_input=True, 
     ``x`` is a float array and ``check_input`` is true. The module must be deterministic
     (dropout off: ``module.eval()`` or p = 0) and in float64. ``x`` is perturbed in place, so a
     ``loss`` whose target is ``x`` itself (reconstruction) must hold a copy of it.
+    Frozen parameters (``Module.freeze``) have no gradient and are not checked.
     Returns a dict ``{name: relative error}``; ``max(d.values())`` is the headline number.
     """
     rng = np.random.default_rng(seed)
@@ -118,9 +119,12 @@ def check_module(module, x, seed=0, h=1e-6, max_entries=None, check_input=True, 
             return float(loss(module.forward(x))[0])
     module.zero_grad()
     dx = module.backward(dy)
-    analytic = {name: grad.copy() for name, _, grad in module.named_parameters()}
+    analytic = {name: grad.copy() for name, _, grad in module.named_parameters()
+                if grad is not None}                  # a frozen parameter has no gradient
     pairs = {}
     for name, param, _ in module.named_parameters():
+        if name not in analytic:
+            continue
         if param.dtype != np.float64:
             raise TypeError(f"{name}: gradient checks run in float64, got {param.dtype}")
         num, idx = numerical_grad(L, param, h, rng, max_entries)

@@ -4,6 +4,11 @@ A module holds ``params`` and ``grads``, two dicts with the same keys. ``forward
 ``backward(dy)`` needs (one cache, replaced on every call, so nothing grows between steps);
 ``backward`` *accumulates* into ``grads`` (``+=``, as micrograd does: residual branches and shared
 weights then just work) and returns ``dx``. Only ``zero_grad()`` clears gradients.
+
+``freeze()`` / ``unfreeze()``: PyTorch's ``requires_grad = False`` / ``True``. A frozen parameter
+is used by the forward pass and never changed: ``named_parameters()`` yields its gradient as None
+(so the optimizers, clipping and the loss scaler skip it), and a layer whose weight is frozen runs
+``backward_without_dW``: dX (and db, if b is trained), never the product Xᵀ dY.
 """
 import math
 
@@ -12,6 +17,7 @@ import numpy as np
 from . import functional as F
 from .fast import linear as fast_linear
 from .fast import activations as fast_act, dropout as fast_dropout, embedding as fast_emb, layernorm as fast_ln
+from ._dtypes import matmul
 from ._validate import float_array
 
 
@@ -23,6 +29,7 @@ class Module:
         object.__setattr__(self, "grads", {})
         object.__setattr__(self, "_children", {})
         object.__setattr__(self, "_param_attrs", {})    # attribute -> parameter key (self.W -> "W")
+        object.__setattr__(self, "_frozen", {})         # frozen key -> its gradient's home (see freeze)
         object.__setattr__(self, "training", True)
 
     def __setattr__(self, name, value):
@@ -50,11 +57,76 @@ class Module:
         return value
 
     def named_parameters(self, prefix=""):
-        """Yield ``(qualified_name, param, grad)`` for this module's parameters, then its children's."""
+        """Yield ``(qualified_name, param, grad)`` for this module's parameters, then its children's;
+        ``grad`` is None for a frozen parameter (PyTorch's ``p.grad`` of ``requires_grad=False``)."""
         for name, p in self.params.items():
-            yield prefix + name, p, self.grads[name]
+            yield prefix + name, p, None if name in self._frozen else self.grads[name]
         for cname, child in self._children.items():
             yield from child.named_parameters(f"{prefix}{cname}.")
+
+    def freeze(self, *keys):
+        """Freeze parameters (``requires_grad = False``): ``keys`` of this module (e.g. ``"W"``),
+        or, with none, every parameter of this module and its children. Returns the module.
+
+        A frozen parameter θ still computes the forward pass; ∂L/∂θ is never needed, so:
+
+        - ``named_parameters()`` yields its gradient as None: an optimizer keeps no state for it
+          and never updates or decays it, gradient clipping and the loss scaler leave it out;
+        - a layer whose weight W is frozen runs ``backward_without_dW`` instead of ``backward``
+          (pointed at it here, as mixed precision points ``W`` at its copy: the layer's own
+          backward stays the equation): dX = dY Wᵀ, and db if b is still trained. For a linear
+          layer that skips one of the backward pass's two products (N·C_in·C_out multiply-adds);
+          a frozen embedding skips its scatter-add;
+        - ``grads[key]`` becomes a scratch array of its own that nothing reads (a model that adds a
+          gradient itself, as TinyGPT does for W_pe, writes there), while the parameter's place in
+          the flat gradient buffer stays zero: the buffers' layout does not depend on what is
+          frozen (MPI, ZeRO-1, the thread replicas and mixed precision share it), and whatever sums
+          or scans the whole buffer (the all-reduce, the loss scaler's check, ZeRO-1's norm)
+          finds exact zeros there.
+
+        A tied weight is one parameter: freeze it in every module that holds it (``freeze()`` on
+        the model does). Unknown ``keys`` raise ValueError naming them.
+        """
+        unknown = [k for k in keys if k not in self.params]
+        if unknown:
+            raise ValueError(f"keys: expected parameters of {type(self).__name__} among "
+                             f"{sorted(self.params)}, got {unknown}")
+        for m, ks in ([(self, keys)] if keys else [(m, tuple(m.params)) for m in self._modules()]):
+            for key in ks:
+                if key not in m._frozen:
+                    home = m.grads[key]
+                    home.fill(0)                        # its place in the flat buffer: zero from now on
+                    m._frozen[key] = home
+                    m.grads[key] = np.zeros(home.shape, home.dtype)     # the scratch array
+            m._point_backward()
+        return self
+
+    def unfreeze(self, *keys):
+        """Train frozen parameters again (``requires_grad = True``): ``keys`` of this module, or,
+        with none, every parameter of this module and its children. Returns the module. Each
+        gradient starts from zero in its place of the flat buffer; an optimizer made while the
+        parameter was frozen has no state for it (make a new one)."""
+        unknown = [k for k in keys if k not in self.params]
+        if unknown:
+            raise ValueError(f"keys: expected parameters of {type(self).__name__} among "
+                             f"{sorted(self.params)}, got {unknown}")
+        for m, ks in ([(self, keys)] if keys else [(m, tuple(m.params)) for m in self._modules()]):
+            for key in ks:
+                if key in m._frozen:
+                    m.grads[key] = m._frozen.pop(key)
+            m._point_backward()
+        return self
+
+    def is_frozen(self, key):
+        """True if parameter ``key`` of this module is frozen."""
+        return key in self._frozen
+
+    def _point_backward(self):
+        """``backward`` is ``backward_without_dW`` while W is frozen (layers that have one), else
+        the class's own."""
+        self.__dict__.pop("backward", None)
+        if "W" in self._frozen and hasattr(self, "backward_without_dW"):
+            object.__setattr__(self, "backward", self.backward_without_dW)
 
     def num_parameters(self):
         """Total number of scalar parameters (an array shared by two modules, a tied weight, once)."""
@@ -67,7 +139,8 @@ class Module:
             flat[1].fill(0)
             return
         for _, _, g in self.named_parameters():
-            g.fill(0)
+            if g is not None:                          # a frozen parameter has no gradient
+                g.fill(0)
 
     def _modules(self):
         yield self
@@ -82,7 +155,8 @@ class Module:
         did. An optimizer then updates all parameters with one sweep over the flat arrays instead
         of one dozen NumPy calls per parameter, and ``zero_grad`` is one fill: llm.c's layout.
         Arrays shared by several modules (tied weights) get one slice. Every parameter must have
-        the same dtype. Returns ``(flat_params, flat_grads)``.
+        the same dtype. A frozen parameter keeps its slice of the gradient buffer (zero; its
+        ``grads`` entry stays its scratch array, see ``freeze``). Returns ``(flat_params, flat_grads)``.
         """
         owners, order = {}, []                       # id(param) -> [(module, key)], first-seen order
         for m in self._modules():
@@ -104,9 +178,13 @@ class Module:
             view_g = G[offset:offset + p.size].reshape(p.shape)
             view_p[...] = p
             for m, key in owners[id(p)]:
-                view_g[...] = m.grads[key]
                 old = m.params[key]
-                m.params[key], m.grads[key] = view_p, view_g
+                m.params[key] = view_p
+                if key in m._frozen:                   # its place stays zero; grads[key] its scratch
+                    m._frozen[key] = view_g
+                else:
+                    view_g[...] = m.grads[key]
+                    m.grads[key] = view_g
                 for attr, k in m.param_attributes():
                     if k == key and getattr(m, attr) is old:
                         object.__setattr__(m, attr, view_p)
@@ -121,11 +199,15 @@ class Module:
         if flat is None:
             return None
         P, G = flat
-        total = 0
-        for _, p, g in self._unique_parameters():
-            if p.base is not P or g.base is not G:
-                return None
-            total += p.size
+        seen, total = set(), 0
+        for m in self._modules():
+            for key, p in m.params.items():
+                g = m._frozen.get(key, m.grads[key])   # a frozen parameter's place in the buffer
+                if p.base is not P or g.base is not G:
+                    return None
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    total += p.size
         return flat if total == P.size else None
 
     def _unique_parameters(self):
@@ -232,6 +314,20 @@ class Linear(Module):
         dx, _, _ = fast_linear.linear_backward(dy, self._cache, accumulate=(self.grads["W"], self.grads.get("b")))
         return dx
 
+    def backward_without_dW(self, dy):
+        """The backward pass with W frozen (``Module.freeze``): dX = dY Wᵀ, and db = 1ᵀ dY if b is
+        still trained; dW = Xᵀ dY, the other N·d_in·d_out multiply-adds, is never formed.
+
+        ``dy: (..., d_out)`` -> ``dx: (..., d_in)``. dX and db are the products the kernel
+        (``fast.linear.linear_backward``) forms, the same calls on the same arrays: the same bits."""
+        x, W, has_b = self._cache
+        dy2 = dy.reshape(-1, W.shape[1])                # (N, d_out)
+        dx = matmul(dy2, W.T)                           # dX = dY Wᵀ: (N, d_in)
+        if has_b and not self.is_frozen("b"):
+            db = matmul(np.ones(dy2.shape[0], dy2.dtype), dy2)      # 1ᵀ dY: (d_out,)
+            np.add(self.grads["b"], db, out=self.grads["b"])
+        return dx.reshape(x.shape)
+
     def rows(self, x):
         """Y = X W + b for the rows ``x: (N, d_in)`` of one decoding step, unsplit, nothing kept
         for a backward pass (``tformer.kv_cache``): ``forward``'s row function on the same rows,
@@ -258,6 +354,11 @@ class Embedding(Module):
     def backward(self, dE):
         """Accumulates dW; tokens have no gradient, so this returns None."""
         self.grads["W"] += fast_emb.embedding_backward(dE, self._cache)
+        return None
+
+    def backward_without_dW(self, dE):
+        """The backward pass with W frozen (``Module.freeze``): tokens have no gradient and W needs
+        none, so there is nothing to compute (no sort, no scatter-add)."""
         return None
 
 

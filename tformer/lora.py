@@ -3,16 +3,17 @@
     Y = X (W + s A B) + b,    A: (C_in, r),  B: (r, C_out),  s = α / r,  W and b frozen
 
 ``B`` starts at zero, so an adapted model starts as the base model, bit for bit. Only ``A`` and
-``B`` are trained (biases and norms stay frozen too): r (C_in + C_out) numbers per layer instead
-of C_in C_out. The backward pass never forms dW; it needs
+``B`` are trained (biases and norms stay frozen too, by ``Module.freeze``): r (C_in + C_out)
+numbers per layer instead of C_in C_out. The backward pass never forms dW; it needs
 
     dA = s Xᵀ (dY Bᵀ),    dB = s (X A)ᵀ dY,    dX = dY Wᵀ + s (dY Bᵀ) Aᵀ.
 
-``apply_lora(model, r, alpha, targets)`` wraps linear layers of a model by name, in place;
-``Adapters(model)`` is what the optimizer, the gradient clipping and a fine-tuning checkpoint see
-(the adapters' A and B, nothing else); ``merge_lora(model)`` folds W ← W + s A B for inference,
-which leaves a plain model again. The adapter file (A, B, r, α, targets and the base model's
-fingerprint) is ``tformer.lora_file``.
+``apply_lora(model, r, alpha, targets)`` freezes the model and wraps linear layers of it by name,
+in place, so every frozen layer's backward skips its dW too (the layers without an adapter as
+well); ``Adapters(model)`` is what the optimizer, the gradient clipping and a fine-tuning
+checkpoint see (the trained parameters: the adapters' A and B, nothing else);
+``merge_lora(model)`` folds W ← W + s A B for inference, which leaves a plain model again. The
+adapter file (A, B, r, α, targets and the base model's fingerprint) is ``tformer.lora_file``.
 """
 import hashlib
 import math
@@ -48,7 +49,8 @@ class LoRALinear(Module):
 
     Shapes: ``x: (..., C_in)`` -> ``(..., C_out)``; ``A: (C_in, r)`` drawn from
     U(−1/√C_in, 1/√C_in), ``B: (r, C_out)`` zeros, ``s = alpha / r``. The wrapped layer is the
-    child ``base`` (its kernel computes X W + b); ``backward`` accumulates dA and dB only.
+    child ``base`` (its kernel computes X W + b), frozen here (``Module.freeze``: W and b have
+    no gradient for an optimizer or the clipping to see); ``backward`` accumulates dA and dB only.
     """
 
     def __init__(self, base, r, alpha, rng=None, seed=0):
@@ -59,7 +61,7 @@ class LoRALinear(Module):
         C_in, C_out = base.W.shape
         rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(seed)
         bound = 1.0 / math.sqrt(C_in)
-        self.base = base
+        self.base = base.freeze()                     # W and b: requires_grad = False
         self.r, self.alpha, self.scale = r, alpha, alpha / r
         self.A = self.add_param("A", rng.uniform(-bound, bound, (C_in, r)).astype(base.W.dtype))
         self.B = self.add_param("B", np.zeros((r, C_out), base.W.dtype))
@@ -153,8 +155,11 @@ def resolve_targets(model, targets):
 
 
 def apply_lora(model, r, alpha=None, targets=("attn",), seed=0):
-    """Wrap the linear layers of ``model`` named by ``targets`` in ``LoRALinear`` (rank ``r``,
-    ``alpha`` default r, so s = 1), in place; returns their paths.
+    """Freeze every parameter of ``model`` (``Module.freeze``), then wrap the linear layers named by
+    ``targets`` in ``LoRALinear`` (rank ``r``, ``alpha`` default r, so s = 1), in place; returns
+    their paths. The adapters' A and B are then the model's only trained parameters, and every
+    other layer's backward pass computes its input gradient alone (``merge_lora`` leaves the
+    merged model frozen, as peft's ``merge_and_unload`` leaves ``requires_grad`` off).
 
     The model's parameters are gathered into one flat buffer again (the base weights keep their
     bits), so that the batch is still cut across threads (``tformer.scaling.batch_threads``); the one-token
@@ -165,6 +170,7 @@ def apply_lora(model, r, alpha=None, targets=("attn",), seed=0):
     if getattr(model, "lora", None):
         raise ValueError("model: already has LoRA adapters (merge_lora first to add others)")
     paths = resolve_targets(model, targets)
+    model.freeze()
     rng = np.random.default_rng(seed)
     for path, parent, name, child in _linears(model):
         if path in paths:
@@ -210,7 +216,8 @@ def fingerprint(model):
 class Adapters:
     """The trainable part of a model with LoRA adapters: its A and B, nothing else.
 
-    ``named_parameters()`` yields only the adapters' ``(name, A or B, gradient)``, so an optimizer
+    ``named_parameters()`` yields only the parameters that are not frozen: after ``apply_lora``
+    (which freezes everything else) the adapters' ``(name, A or B, gradient)``. An optimizer
     built on this view keeps moments for them alone, gradient clipping measures their norm, and
     ``state_dict()`` / ``load_state_dict()`` (a fine-tuning checkpoint) hold them alone. Anything
     else (``forward``, ``backward``, ``zero_grad``, ``train``, ``eval``, ``config``, ...) is the
@@ -230,9 +237,7 @@ class Adapters:
         return getattr(self.model, name)
 
     def named_parameters(self, prefix=""):
-        ids = {id(m.params[k]) for m in self.model._modules() if isinstance(m, LoRALinear)
-               for k in ("A", "B")}
-        return ((name, p, g) for name, p, g in self.model.named_parameters(prefix) if id(p) in ids)
+        return ((name, p, g) for name, p, g in self.model.named_parameters(prefix) if g is not None)
 
     def num_trainable(self):
         """Number of trained scalars: Σ over adapted layers of r (C_in + C_out)."""

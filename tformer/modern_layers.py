@@ -117,3 +117,14 @@ class TiedLinear(Module):
         """dy: (..., V) -> dx: (..., C); adds dEᵀ = Xᵀ dY into the shared gradient (and db)."""
         dx, _, _ = fast_linear.linear_backward(dy, self._cache, accumulate=(self.grads["W"].T, self.grads.get("b")))
         return dx
+
+
+def _tied_backward_without_dW(self, dy):
+    """``TiedLinear``'s backward pass with the tied weight frozen (``Module.freeze``): dX = dY E
+    (E = the embedding table), and db if b is trained; dEᵀ = Xᵀ dY is never formed. The products
+    of ``Linear.backward_without_dW`` on the layer's Eᵀ."""
+    return Linear.backward_without_dW(self, dy)
+
+
+# A method of TiedLinear, set beside the class its chapter lists (freezing comes later in the book).
+TiedLinear.backward_without_dW = _tied_backward_without_dW

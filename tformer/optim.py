@@ -1,11 +1,13 @@
 """Optimizers (SGD, Adam, AdamW in both ε placements), gradient clipping, and the schedules.
 
 An optimizer takes the model and reads ``model.named_parameters()``, which yields
-``(qualified_name, param, grad)`` with ``param`` and ``grad`` NumPy arrays of one shape and dtype.
-``opt.step()`` updates every ``param`` in place (``param -= ...``; the array object is never
-replaced) from its ``grad``, which it never modifies. State (``m``, ``v``, momentum buffers) is
-keyed by the qualified name, has the parameter's shape and dtype, and is created with the
-optimizer. Scalars enter the arithmetic as Python floats, so float32 parameters are updated in
+``(qualified_name, param, grad)`` with ``param`` and ``grad`` NumPy arrays of one shape and dtype,
+or ``grad`` None for a frozen parameter (``Module.freeze``), which the optimizer leaves alone: no
+state, no moment update, no weight decay, as PyTorch's optimizers skip a parameter whose ``grad``
+is None. ``opt.step()`` updates every other ``param`` in place (``param -= ...``; the array object
+is never replaced) from its ``grad``, which it never modifies. State (``m``, ``v``, momentum
+buffers) is keyed by the qualified name, has the parameter's shape and dtype, and is created with
+the optimizer. Scalars enter the arithmetic as Python floats, so float32 parameters are updated in
 float32 with no float64 temporaries.
 
 Symbols follow the sources: g the gradient, m and v the first and second moments, m_hat and v_hat
@@ -63,10 +65,10 @@ class Optimizer:
         self.lr = lr
         self.t = 0
         self.state = {}  # name -> {slot: array of the parameter's shape and dtype}
+        self._flat = None
         params = list(self._parameters())
         flat = model.flat_buffers() if hasattr(model, "flat_buffers") else None
-        self._flat = None
-        if flat is not None:
+        if flat is not None and not self._frozen_seen:
             # The model keeps its parameters in one flat buffer (Module.flatten_parameters): the
             # state gets one flat array per slot, and each parameter's state is a view of its slice.
             P, G = flat
@@ -80,6 +82,9 @@ class Optimizer:
             for name, param, grad in params:
                 self.state[name] = {s: np.zeros_like(param) for s in self._slots}
         if not self.state:
+            if self._frozen_seen:
+                raise ValueError("model: every parameter is frozen, there is nothing to train "
+                                 "(unfreeze some first)")
             raise ValueError("model has no parameters: named_parameters() yielded nothing")
 
     @property
@@ -91,8 +96,16 @@ class Optimizer:
         self._lr = _check_float("lr", value, 0.0)
 
     def _parameters(self):
-        """Yield checked ``(name, param, grad)``; an array listed twice (tied weights) once."""
-        seen_names, seen_arrays = set(), set()
+        """Yield checked ``(name, param, grad)`` of the parameters to train; an array listed twice
+        (tied weights) once, a frozen one (``grad`` None) never.
+
+        Frozen parameters leave gaps in the flat buffers, so an optimizer over a model with some
+        updates one array at a time (each update is elementwise: the same numbers as the one
+        sweep); one frozen after the optimizer was made turns the sweep off here, before ``step``
+        would run it. A tied array frozen under one name and trained under another raises
+        ValueError."""
+        seen_names, seen_arrays, frozen = set(), set(), {}
+        self._frozen_seen = False
         for name, param, grad in self.model.named_parameters():
             if name in seen_names:
                 raise ValueError(f"parameter name {name!r} appears twice in named_parameters()")
@@ -100,6 +113,13 @@ class Optimizer:
             if not (isinstance(param, np.ndarray) and np.issubdtype(param.dtype, np.floating)):
                 raise TypeError(f"parameter {name!r} must be a floating-point ndarray, "
                                 f"got {type(param).__name__} {getattr(param, 'dtype', '')}")
+            if (grad is None) != frozen.setdefault(id(param), grad is None):
+                raise ValueError(f"parameter {name!r}: a tied array, frozen under one name and "
+                                 f"trained under another; expected it frozen in every module "
+                                 f"that holds it, or in none")
+            if grad is None:
+                self._frozen_seen, self._flat = True, None
+                continue
             if grad.shape != param.shape or grad.dtype != param.dtype:
                 raise ValueError(f"gradient of {name!r} has shape {grad.shape} {grad.dtype}, "
                                  f"expected the parameter's {param.shape} {param.dtype}")
@@ -445,12 +465,13 @@ def clip_grad_norm(model, max_norm, error_if_nonfinite=False):
     ``clip_grad_norm_`` does by default; the caller (the training loop's NaN guard) decides.
     With ``error_if_nonfinite=True`` it raises FloatingPointError instead.
 
-    Gradients of arrays listed twice in ``named_parameters()`` (tied weights) count once.
+    Gradients of arrays listed twice in ``named_parameters()`` (tied weights) count once; frozen
+    parameters (``grad`` None) have none and do not count.
     """
     max_norm = _check_float("max_norm", max_norm, 0.0, low_open=True)
     grads, seen = [], set()
     for name, param, grad in model.named_parameters():
-        if id(param) not in seen:
+        if grad is not None and id(param) not in seen:
             seen.add(id(param))
             grads.append((name, grad))
     total = 0.0

@@ -226,13 +226,14 @@ class MixedPrecision:
             return model.backward(self.scale_grad(dout))
 
     def _grads(self):
-        """The float32 gradient arrays (the flat buffer when there is one)."""
+        """The float32 gradient arrays (the flat buffer when there is one: a frozen parameter's
+        place there stays zero, see ``Module.freeze``)."""
         flat = self.model.flat_buffers()
         if flat is not None:
             return [flat[1]]
         seen, out = set(), []
         for _, p, g in self.model.named_parameters():
-            if id(p) not in seen:
+            if g is not None and id(p) not in seen:        # a frozen parameter has none
                 seen.add(id(p))
                 out.append(g)
         return out
