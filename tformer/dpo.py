@@ -43,7 +43,7 @@ order. A pair already ordered by a wide margin adds almost nothing. The referenc
 its log-probabilities come once from the frozen model (``sequence_logp``).
 
 **Numerics.** −log σ(u) = log(1 + e^{−u}) = logaddexp(0, −u) and σ(−u) = exp(−logaddexp(0, u)):
-no overflow, and no 1 − σ rounded to 0, at any |u|; the log-softmax is the package's
+no overflow, and no 1 − σ rounded to 0, however large u is; the log-softmax is the package's
 ``tformer.kernels.losses.log_softmax`` (the row maximum subtracted).
 
 **Shapes.** ``logits_w: (B, T_w, V)`` and ``logits_l: (B, T_l, V)`` (a pair's two responses may
