@@ -52,6 +52,8 @@ COMMANDS = {
                       "budgets x model sizes, nats/char of the eight plays' validation text (writes a JSON file)"),
     "long-run": ("tformer.experiments.long_run", "the scaling law chooses a model and predicts its loss "
                  "(--predict), then the run trains it, samples it and ships it (writes a JSON file)"),
+    "decoding": ("tformer.experiments.decoding", "samplers and speculative decoding on the long run's model: "
+                 "acceptance, speed-up against plain KV decoding, what each sampler writes (writes a JSON file)"),
     "bench": ("tformer.bench.run", "training and generation against PyTorch (writes a JSON file)"),
 }
 
