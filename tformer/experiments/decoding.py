@@ -7,8 +7,8 @@
 **The target** is the book's long-run model, TinyGPT 3x128 on the 8,192 BPE tokens of the 38
 plays, as it is shipped to readers: int8 weights (``w8``), ``long_run.load_shipped``, the model a
 reader decodes with ``generate --draft``. Its int8 layers turn their weights back into float32 at
-every call, so a step costs about the same for one position as for seven; the same weights in
-float32 (``dequantized``), with float32 drafts, are measured beside it as the other regime.
+every call, a cost that does not grow with the positions a pass scores; the same weights in
+float32 (``dequantized``), with float32 drafts, are measured beside it.
 ``--target`` takes another checkpoint of the same shape instead.
 
 **The drafts** are smaller TinyGPTs of the same tokenizer, trained by this command when their file
