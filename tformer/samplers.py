@@ -137,7 +137,9 @@ def probabilities(logits, temperature=1.0, top_k=None, top_p=None, min_p=None):
     check_sampling(temperature, top_k, top_p, min_p)
     if temperature == 0:
         z = np.asarray(logits, dtype=np.float64)
-        return np.eye(z.shape[-1])[z.argmax(axis=-1)]                         # (B, V) one-hot
+        one_hot = np.zeros(z.shape)                                            # (B, V)
+        np.put_along_axis(one_hot, z.argmax(axis=-1)[..., None], 1.0, axis=-1)
+        return one_hot
     return _softmax(filter_logits(logits, temperature, top_k, top_p, min_p))
 
 
