@@ -126,5 +126,6 @@ def _tied_backward_without_dW(self, dy):
     return Linear.backward_without_dW(self, dy)
 
 
-# A method of TiedLinear, set beside the class its chapter lists (freezing comes later in the book).
+# A method of TiedLinear, set beside the class its chapter lists (freezing comes later in the book);
+# book/api.md leaves it out of the API page, which links every method to its source in the class.
 TiedLinear.backward_without_dW = _tied_backward_without_dW
