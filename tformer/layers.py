@@ -87,11 +87,7 @@ class Module:
         A tied weight is one parameter: freeze it in every module that holds it (``freeze()`` on
         the model does). Unknown ``keys`` raise ValueError naming them.
         """
-        unknown = [k for k in keys if k not in self.params]
-        if unknown:
-            raise ValueError(f"keys: expected parameters of {type(self).__name__} among "
-                             f"{sorted(self.params)}, got {unknown}")
-        for m, ks in ([(self, keys)] if keys else [(m, tuple(m.params)) for m in self._modules()]):
+        for m, ks in self._keys_to_switch(keys):
             for key in ks:
                 if key not in m._frozen:
                     home = m.grads[key]
@@ -106,16 +102,21 @@ class Module:
         with none, every parameter of this module and its children. Returns the module. Each
         gradient starts from zero in its place of the flat buffer; an optimizer made while the
         parameter was frozen has no state for it (make a new one)."""
-        unknown = [k for k in keys if k not in self.params]
-        if unknown:
-            raise ValueError(f"keys: expected parameters of {type(self).__name__} among "
-                             f"{sorted(self.params)}, got {unknown}")
-        for m, ks in ([(self, keys)] if keys else [(m, tuple(m.params)) for m in self._modules()]):
+        for m, ks in self._keys_to_switch(keys):
             for key in ks:
                 if key in m._frozen:
                     m.grads[key] = m._frozen.pop(key)
             m._point_backward()
         return self
+
+    def _keys_to_switch(self, keys):
+        """``[(module, keys)]`` that ``freeze``/``unfreeze`` act on: ``keys`` of this module, or,
+        with none, every parameter of this module and its children. Unknown keys: ValueError."""
+        unknown = [k for k in keys if k not in self.params]
+        if unknown:
+            raise ValueError(f"keys: expected parameters of {type(self).__name__} among "
+                             f"{sorted(self.params)}, got {unknown}")
+        return [(self, keys)] if keys else [(m, tuple(m.params)) for m in self._modules()]
 
     def is_frozen(self, key):
         """True if parameter ``key`` of this module is frozen."""

@@ -45,9 +45,8 @@ from ..runs.flags import UsageError, positive_int
 from ..runs.paths import check_paths
 from ..samplers import probabilities
 from ..speculative import speculative_sample
-from ..train import train
 from .provenance import load_average, now, record
-from .scaling_sweep import RECIPE, build, forward_loss, model_config, schedule, shape_name
+from .scaling_sweep import RECIPE, model_config, shape_name, train_model
 from .timing import interleaved
 
 DEFAULT_OUT = "book/data/decoding.json"
@@ -87,14 +86,7 @@ def draft_run(shape, budget, vocab_size, recipe=RECIPE, seed=0):
 def train_draft(run, corpus, recipe=RECIPE):
     """``(model, record)``: the float TinyGPT of ``run`` trained with the sweep's recipe, and its
     seconds and nats per character of the yardstick."""
-    from ..data.tokens import TokenData
-    c = corpus.tokens
-    data = TokenData(c.train, c.val, c.token_lengths, run["block_size"], run["batch_size"], run["seed"])
-    model, opt = build(run, recipe)
-    t0 = time.perf_counter()
-    train(model, opt, data.batch, forward_loss, run["steps"], clip_norm=recipe["clip"],
-          lr_schedule=schedule(run, recipe), progress_bar=False)
-    seconds = time.perf_counter() - t0
+    model, _, seconds, _ = train_model(run, corpus, recipe)
     val = corpus.nats_per_char(model.eval(), run["block_size"])
     return model, dict(run, seconds=seconds, val_nats_per_char=val, params=model.num_parameters(),
                        threads=parallel.get_num_threads(), finished=now())

@@ -42,15 +42,14 @@ from ..checkpoint import load_checkpoint
 from ..data.all_plays import all_plays_documents
 from ..data.words import corpus_words, share
 from ..generate import sample
-from ..progress import progress
-from ..runs.flags import UsageError, nonnegative_int, positive_float, positive_int
+from ..runs.flags import UsageError, positive_float, positive_int
 from ..runs.paths import check_paths
 from ..train import train
 from . import scaling_fit as sf
 from .provenance import load_average, now, record
 from .scaling_corpus import prepare
 from .scaling_sweep import (RECIPE, SHAPES, build, flops_per_token, forward_loss, heads,
-                            model_config, schedule, shape_name, weights)
+                            model_config, schedule, shape_name, token_data, weights)
 
 DEFAULT_SWEEP = "book/data/scaling_sweep.json"
 DEFAULT_OUT = "book/data/long_run.json"
@@ -228,12 +227,6 @@ def train_windows(corpus, T, n=TRAIN_EVAL_WINDOWS):
     return w[:, :-1], w[:, 1:]
 
 
-def nats_per_char(model, corpus, x, y, batch_size=32):
-    """Mean loss of ``model`` on windows ``(x, y)`` in nats per character of the tokens predicted."""
-    from ..data.text import evaluate_loss
-    return float(evaluate_loss(model, x, y, batch_size) * y.size / corpus.tokens.token_lengths[y].sum())
-
-
 def write_samples(model, tokenizer, temperatures=TEMPERATURES, seeds=SAMPLE_SEEDS, tokens=SAMPLE_TOKENS):
     """``{temperature: [text, …]}``: ``seeds`` samples of ``tokens`` tokens after a newline."""
     prompt = np.tile(tokenizer.encode(b"\n").astype(np.int64)[None, :], (seeds, 1))
@@ -290,9 +283,7 @@ def run_main(args):
         extra = dict(evals=list(meta["extra"].get("evals", [])),
                      seconds=float(meta["extra"].get("seconds", 0.0)))
         print(f"resumed from {args.checkpoint} at step {start:,} of {plan['steps']:,}", flush=True)
-    from ..data.tokens import TokenData
-    c = corpus.tokens
-    data = TokenData(c.train, c.val, c.token_lengths, plan["block_size"], plan["batch_size"], plan["seed"])
+    data = token_data(run, corpus)
     val_x, val_y = corpus.windows(plan["block_size"])
     tr_x, tr_y = train_windows(corpus, plan["block_size"])
     base, t0, now_step = extra["seconds"], time.perf_counter(), [start]
@@ -303,7 +294,8 @@ def run_main(args):
         return data.batch(i)
 
     def evaluate(m):
-        v, t = nats_per_char(m, corpus, val_x, val_y), nats_per_char(m, corpus, tr_x, tr_y)
+        v = corpus.windows_nats_per_char(m, val_x, val_y)
+        t = corpus.windows_nats_per_char(m, tr_x, tr_y)
         extra["evals"].append([now_step[0], round(v, 5), round(t, 5)])
         return dict(val=v, train=t)
 
@@ -321,7 +313,7 @@ def finish(args, pred, model, corpus, evals, seconds, hist=None):
     """Measure the trained model, write its samples and ship it; add the result to ``--out``."""
     model.eval()
     val_x, val_y = corpus.windows(pred["plan"]["block_size"])
-    val = nats_per_char(model, corpus, val_x, val_y)
+    val = corpus.windows_nats_per_char(model, val_x, val_y)
     samples = write_samples(model, corpus.tokenizer)
     shares = word_shares(samples, plays_vocabulary())
     result = dict(val_nats_per_char=val, error=val - pred["predicted_nats_per_char"],
@@ -364,7 +356,7 @@ def ship(model, corpus, path, val_x, val_y):
     tok_path = os.path.join(os.path.dirname(path), os.path.basename(SHIPPED_TOKENIZER))
     corpus.tokenizer.save(tok_path)
     return dict(path=path, tokenizer=tok_path, bytes=size, scheme="w8",
-                val_nats_per_char=nats_per_char(q, corpus, val_x, val_y))
+                val_nats_per_char=corpus.windows_nats_per_char(q, val_x, val_y))
 
 
 def load_shipped(path=SHIPPED_MODEL, tokenizer=SHIPPED_TOKENIZER, plan_path=DEFAULT_OUT):

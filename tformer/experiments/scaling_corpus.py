@@ -47,7 +47,11 @@ class Corpus:
 
     def nats_per_char(self, model, T, batch_size=32):
         """The model's loss on the yardstick, in nats per character: N·L / n."""
-        x, y = self.windows(T)
+        return self.windows_nats_per_char(model, *self.windows(T), batch_size)
+
+    def windows_nats_per_char(self, model, x, y, batch_size=32):
+        """The model's loss on windows ``(x, y)`` of this vocabulary's tokens, ``(n, T)`` each, in
+        nats per character of the tokens predicted: N·L / n."""
         per_token = evaluate_loss(model, x, y, batch_size)
         return float(per_token * y.size / self.tokens.token_lengths[y].sum())
 

@@ -157,12 +157,17 @@ def forward_loss(model, batch):
     return F.cross_entropy(model.forward(batch[0]), batch[1])
 
 
-def train_run(run, corpus, recipe=RECIPE, on_step=None):
-    """Train one run and measure it: ``run`` plus its losses, seconds and parameters."""
+def token_data(run, corpus):
+    """The batches of a run: ``TokenData`` of the corpus's splits at the run's T, B and seed."""
     from ..data.tokens import TokenData
     c = corpus.tokens
-    data = TokenData(c.train, c.val, c.token_lengths, run["block_size"], run["batch_size"],
+    return TokenData(c.train, c.val, c.token_lengths, run["block_size"], run["batch_size"],
                      run["seed"])
+
+
+def train_model(run, corpus, recipe=RECIPE, on_step=None):
+    """Train one run from its seed: ``(model, history, seconds, cpu_seconds)``."""
+    data = token_data(run, corpus)
     model, opt = build(run, recipe)
 
     def batch(i):
@@ -173,7 +178,13 @@ def train_run(run, corpus, recipe=RECIPE, on_step=None):
     t0, cpu0 = time.perf_counter(), time.process_time()
     hist = train(model, opt, batch, forward_loss, run["steps"], clip_norm=recipe["clip"],
                  lr_schedule=schedule(run, recipe), progress_bar=False)
-    seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - cpu0
+    return model, hist, time.perf_counter() - t0, time.process_time() - cpu0
+
+
+def train_run(run, corpus, recipe=RECIPE, on_step=None):
+    """Train one run and measure it: ``run`` plus its losses, seconds and parameters."""
+    c = corpus.tokens
+    model, hist, seconds, cpu_seconds = train_model(run, corpus, recipe, on_step)
     t1 = time.perf_counter()
     val = corpus.nats_per_char(model.eval(), run["block_size"])
     every = max(1, run["steps"] // 50)
