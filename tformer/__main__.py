@@ -54,6 +54,12 @@ COMMANDS = {
                  "(--predict), then the run trains it, samples it and ships it (writes a JSON file)"),
     "decoding": ("tformer.experiments.decoding", "samplers and speculative decoding on the long run's model: "
                  "acceptance, speed-up against plain KV decoding, what each sampler writes (writes a JSON file)"),
+    "finetune": ("tformer.runs.finetune_cmd", "tune a TinyGPT on preference pairs (JSON lines: prompt, "
+                 "chosen, rejected) by DPO or by fine-tuning on the chosen responses, all weights "
+                 "or LoRA adapters"),
+    "preference": ("tformer.experiments.preference", "DPO teaches the long run's model to write lines that "
+                   "scan as iambic pentameter, against best-of-n and fine-tuning on the chosen lines "
+                   "(writes a JSON file)"),
     "bench": ("tformer.bench.run", "training and generation against PyTorch (writes a JSON file)"),
 }
 
