@@ -12,6 +12,8 @@ Why some modules sit where they do:
   wraps any model from outside and ``train`` uses it, so it sits there too, below training, not
   with the scaling that builds on training (precision, quantize, MPI, ZeRO).
 - ``data`` sits above "using a model": a sequence task scores a model by decoding it.
+- ``tune`` (DPO and SFT on preference pairs) sits above ``data``: its pairs are rows of
+  ``data.pairs``, which samples them from a model.
 - The experiments (the commands that write ``book/data/*.json``) and the benchmarks are one
   layer: the bench reruns an experiment's measurement, an experiment borrows the bench's PyTorch
   twin. ``python -m tformer`` (``__main__``) registers every command, so it is the top.
@@ -42,6 +44,7 @@ LAYERS = [
                        "tformer.speculative", "tformer.beam", "tformer.bpe",
                        "tformer.bpe_*"]),
     ("data", ["tformer.data", "tformer.data.*"]),
+    ("tuning", ["tformer.tune"]),
     ("commands", ["tformer.runs", "tformer.runs.*"]),
     ("experiments and bench", ["tformer.experiments", "tformer.experiments.*", "tformer.bench",
                                "tformer.bench.*"]),
