@@ -88,9 +88,9 @@ def sample_responses(model, prompt_ids, n, rng, temperature=1.0, response_tokens
     return np.concatenate(out).reshape(prompt_ids.shape[0], n, response_tokens)
 
 
-def make_pairs(judged, lengths):
+def make_pairs(judged):
     """``[(prompt, chosen, rejected)]`` sample indices: per prompt, each yes paired with a no, in
-    sample order, while both last. ``judged``: ``(M, n)`` bool; ``lengths`` unused rows allowed."""
+    sample order, while both last. ``judged``: ``(M, n)`` bool, the judge on each sample."""
     pairs = []
     for m, row in enumerate(judged):
         yes, no = np.flatnonzero(row), np.flatnonzero(~row)

@@ -183,7 +183,7 @@ def make_data(model, tokenizer, train_text):
     n_out = round(HELD_OUT * PAIR_PROMPTS)
     split = {}
     for name, rows in (("train", np.arange(n_out, PAIR_PROMPTS)), ("held_out", np.arange(n_out))):
-        index = [(rows[m], w, l) for m, w, l in PR.make_pairs(judged[rows], lens[rows])]
+        index = [(rows[m], w, l) for m, w, l in PR.make_pairs(judged[rows])]
         split[name] = Pairs.from_samples(prompt_ids, resp, lens, index).reference(model)
     info = {"prompts": PAIR_PROMPTS, "samples_per_prompt": SAMPLES, "rate": float(judged.mean()),
             "prompts_with_a_pair": int((judged.any(1) & ~judged.all(1)).sum()),
