@@ -44,6 +44,7 @@ from ..models.tinygpt import TinyGPT
 from ..runs.flags import UsageError, positive_int
 from ..runs.paths import check_paths
 from ..samplers import probabilities
+from ..scaling.quantize import dequantized
 from ..speculative import speculative_sample
 from .provenance import load_average, now, record
 from .scaling_sweep import RECIPE, model_config, shape_name, train_model
@@ -340,21 +341,6 @@ def load_target(args):
         from .scaling_corpus import prepare
         tok = prepare(plan["vocab_size"]).tokenizer
     return model.eval(), tok, getattr(model, "quantization", None) or "float32"
-
-
-def dequantized(model):
-    """A float32 TinyGPT with the weights of the int8 ``model``, Q ⊙ s, computed once (the int8
-    layers compute them again at every call)."""
-    from ..scaling.quantize import _quantizable
-    cfg = model.config
-    out = TinyGPT(**model_config((cfg["n_layers"], cfg["d_model"]), cfg["vocab_size"], cfg["max_len"]),
-                  seed=0)
-    layers = {path: module for path, _, _, _, module in _quantizable(model)}
-    floats = {n: p for n, p, _ in model.named_parameters()}
-    for name, p, _ in out.named_parameters():
-        path, _, leaf = name.rpartition(".")
-        p[...] = layers[path].W if leaf == "W" and path in layers else floats[name]
-    return out.eval()
 
 
 def measure_pair(target, drafts, ids, alpha_modes, modes, args):

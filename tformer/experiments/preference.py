@@ -3,7 +3,7 @@
     L_DPO = (1/N) Σ −log σ(β [(log π(y_w|x) − log π_ref(y_w|x)) − (log π(y_l|x) − log π_ref(y_l|x))])
 
 **The model** is the book's long-run TinyGPT (3x128, BPE 8,192, ``long_run.load_shipped``) with its
-int8 weights turned back into float32 (``decoding.dequantized``): the reference π_ref, and the
+int8 weights turned back into float32 (``scaling.quantize.dequantized``): the reference π_ref, and the
 start of every tuned policy π. **The preference** is iambic pentameter, judged by
 ``tformer.data.meter.scans`` (the CMU Pronouncing Dictionary). **The data**: prompts end inside a
 speech of the 38 plays' training text (``tformer.data.pairs``); the reference writes
@@ -40,9 +40,9 @@ from ..data.meter import scans
 from ..data.text import evaluate_loss
 from ..kernels.losses import log_softmax
 from ..runs.flags import UsageError, add_flag
+from ..scaling.quantize import dequantized
 from ..runs.paths import check_paths
 from ..tune import Pairs, objective, tune
-from .decoding import dequantized
 from .long_run import load_shipped
 from .provenance import load_average, record
 

@@ -39,8 +39,7 @@ import numpy as np
 from ..checkpoint import save_checkpoint
 from ..data.text import encode as byte_encode
 from ..lora import Adapters, merge_lora, resolve_targets
-from ..models.tinygpt import TinyGPT
-from ..scaling.quantize import _quantizable
+from ..scaling.quantize import dequantized
 from ..tune import Pairs, objective, tune
 from .files import (MALFORMED, check_tokenizer, load_tinygpt_file, load_tokenizer_file,
                     read_checkpoint_file, tokenizer_record)
@@ -141,17 +140,6 @@ def _replaceable(path):
                          f"it") from None
 
 
-def float_tinygpt(model):
-    """A float32 TinyGPT with ``model``'s weights (an int8 model's dequantized, Q ⊙ s)."""
-    out = TinyGPT(**model.config)
-    layers = {path: module for path, _, _, _, module in _quantizable(model)}
-    floats = {n: p for n, p, _ in model.named_parameters()}
-    for name, p, _ in out.named_parameters():
-        path, _, leaf = name.rpartition(".")
-        p[...] = layers[path].W if leaf == "W" and path in layers else floats[name]
-    return out.eval()
-
-
 def _model(args):
     """``(model, tokenizer, encode)``: the float TinyGPT of ``--checkpoint``, its tokenizer (None:
     the bytes) and text -> ids; a UsageError if they do not go together."""
@@ -171,7 +159,7 @@ def _model(args):
                         args.checkpoint)
         encode = tokenizer.encode
     try:
-        return float_tinygpt(model), tokenizer, encode
+        return dequantized(model), tokenizer, encode
     except MALFORMED as e:
         raise UsageError(f"--checkpoint: expected a TinyGPT checkpoint, got {args.checkpoint!r}: "
                          f"{e}") from None

@@ -229,6 +229,19 @@ def quantize_model(model, scheme="w8"):
     return model
 
 
+def dequantized(model):
+    """A float32 copy of a quantized ``model`` whose config is its keywords (TinyGPT): every int8
+    weight turned back into Q ⊙ s once (the int8 layers compute it again at every call), the
+    float parameters copied; in eval mode. A float model gives a float copy."""
+    out = type(model)(**model.config)
+    layers = {path: module for path, _, _, _, module in _quantizable(model)}
+    floats = {n: p for n, p, _ in model.named_parameters()}
+    for name, p, _ in out.named_parameters():
+        path, _, leaf = name.rpartition(".")
+        p[...] = layers[path].W if leaf == "W" and path in layers else floats[name]
+    return out.eval()
+
+
 def save_quantized(path, model, step=0, extra=None):
     """Write the quantized ``model`` to ``path`` atomically (see the module docstring). Returns ``path``."""
     scheme = getattr(model, "quantization", None)
