@@ -43,7 +43,8 @@ FILES = ["corpus.txt", "other.txt", "base.npz", "bpe.npz", "bpe.tokenizer.json",
          "other.tokenizer.json", "lora.npz", "lora.adapter.npz", "int8.npz", "transformer.npz",
          "result.json", "empty.bin", "truncated.npz", "random.bin", "folder", "nan.npz",
          "nan.adapter.npz", "huge.adapter.npz", "nolayers.adapter.npz", "nofp.adapter.npz",
-         "tok-nomerges.json", "tok-badpattern.json", "tok-ints.json", "tok-deep.json"]
+         "tok-nomerges.json", "tok-badpattern.json", "tok-ints.json", "tok-deep.json",
+         "pairs.jsonl", "bad.pairs.jsonl"]
 NEW = ["new.npz", "new2.npz", "out/new.json", "new.csv", "missing.npz", "corpus.txt/under.npz",
        "/proc/tformer-hostile.npz"]
 PATHS = FILES + NEW
@@ -143,6 +144,12 @@ def _fixtures():
     for name, data in bad.items():
         with open(name, "w") as f:
             json.dump(data, f)
+    pairs = [{"prompt": "def ", "chosen": "x", "rejected": "y"},
+             {"prompt": "if ", "chosen": "in", "rejected": "for"}]
+    with open("pairs.jsonl", "w") as f:
+        f.write("".join(json.dumps(p) + "\n" for p in pairs))
+    with open("bad.pairs.jsonl", "w") as f:
+        f.write(json.dumps(pairs[0]) + "\n" + '{"prompt": "x", "chosen": 3}\n')
     with open("tok-deep.json", "w") as f:
         f.write('{"format": "tformer-bpe", "version": 1, "merges": ' + "[" * 100_000
                 + "]" * 100_000 + "}")
@@ -207,7 +214,7 @@ def path(pick, argv, *likely):
 
 def invocation(pick):
     """``(argv, outputs)``: one command line, and the files it may write if it succeeds."""
-    command = pick(["run tinygpt"] * 5 + ["generate"] * 2 + ["quantize", "bpe-compare"])
+    command = pick(["run tinygpt"] * 5 + ["generate"] * 2 + ["quantize", "bpe-compare", "finetune"])
     if command == "run tinygpt":
         argv = [*RUN, "--text", pick(["corpus.txt"] * 6 + PATHS)]
         argv += ["--checkpoint", path(pick, argv, "new.npz")]
@@ -239,6 +246,13 @@ def invocation(pick):
         argv = ["quantize", pick(["base.npz"] * 3 + PATHS), "--eval-windows", "2", "--gen-tokens",
                 "2", "--threads", "1"]
         argv += ["--out", path(pick, argv, "new.npz")]
+    elif command == "finetune":
+        argv = ["finetune", pick(["--dpo", "--sft"]), pick(["pairs.jsonl"] * 3 + PATHS),
+                "--checkpoint", pick(["base.npz", "int8.npz", "bpe.npz"] + PATHS),
+                "--steps", "2", "--batch-pairs", "2", "--threads", "1"]
+        if pick([True, False]):
+            argv += ["--tokenizer", pick(["bpe.tokenizer.json", "other.tokenizer.json"] + PATHS)]
+        argv += ["--out", path(pick, argv, "new.npz")]
     else:
         argv = [*BPE_COMPARE, "--text", pick(["corpus.txt"] * 3 + PATHS)]
         argv += ["--out", path(pick, argv, "new.json")]
@@ -250,7 +264,7 @@ def declared_outputs(command, argv):
     """The files ``argv`` says it writes (checkpoint, adapter, tokenizer, log, --out)."""
     if command == "generate":
         return set()
-    if command == "quantize":
+    if command in ("quantize", "finetune"):
         return {_flag(argv, "--out")}
     if command == "bpe-compare":
         return {_flag(argv, "--out", "book/data/bpe.json")}
@@ -269,7 +283,7 @@ def declared_outputs(command, argv):
 def declared_inputs(argv):
     """The files ``argv`` reads and must leave as they are (``--resume``'s checkpoint is read
     and then replaced: not one of them)."""
-    flags = ["--text", "--base", "--adapter", "--checkpoint", "--tokenizer"]
+    flags = ["--text", "--base", "--adapter", "--checkpoint", "--tokenizer", "--dpo", "--sft"]
     if argv[0] == "run":
         flags = ["--text", "--base"] + ([] if "--bpe" in argv else ["--tokenizer"])
     paths = {_flag(argv, f) for f in flags}
@@ -281,8 +295,8 @@ def declared_inputs(argv):
 def must_refuse(argv):
     """Why ``argv`` must be refused although every file in it is well formed, or None."""
     command = " ".join(argv[:2]) if argv[0] == "run" else argv[0]
-    if command == "generate" and _flag(argv, "--tokenizer") == "other.tokenizer.json" and \
-            _flag(argv, "--checkpoint") == "bpe.npz":
+    if command in ("generate", "finetune") and _flag(argv, "--tokenizer") == \
+            "other.tokenizer.json" and _flag(argv, "--checkpoint") == "bpe.npz":
         return "a tokenizer of another run with the same vocabulary"
     if command == "generate":
         target, draft = (TOKENS.get(_flag(argv, f)) for f in ("--checkpoint", "--draft"))
