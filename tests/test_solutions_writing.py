@@ -24,7 +24,6 @@ from tformer.models.tinygpt import TinyGPT
 
 DATA = Path(__file__).resolve().parents[1] / "book" / "data"
 SHAKESPEARE = json.loads((DATA / "shakespeare.json").read_text())
-LORA = json.loads((DATA / "lora.json").read_text())
 SPREAD = SHAKESPEARE["summary"]["val_nats_std"]
 
 
@@ -163,6 +162,18 @@ def test_32_2_break_even_rank_of_the_fused_qkv():
     assert r_even.subs({ci: 128, co: 384}) == 32
 
 
+def test_32_2_break_even_rank_of_a_whole_step_with_adapters_on_attention():
+    C, V, nL, N, T, r = sp.symbols("C V n_L N T r", positive=True)
+    P = nL * 12 * C**2 + C * V                      # Σ C_in C_out: qkv, o, fc1, fc2; the head
+    S = nL * (4 * C + 2 * C)                        # Σ (C_in + C_out) of qkv and o
+    attention = 6 * nL * N * T * C
+    full, lora = 3 * N * P + attention, 2 * N * P + attention + 3 * N * r * S
+    r_whole = sp.solve(sp.Eq(full, lora), r)[0]
+    assert sp.simplify(r_whole - (2 * C / 3 + V / (18 * nL))) == 0
+    assert r_whole.subs({C: 128, V: 256, nL: 3}) == sp.Rational(2432, 27)
+    assert r_whole.subs({C: 64, V: 256, nL: 2}) == sp.Rational(448, 9)     # the chapter's ≈ 50
+
+
 def test_31_3_one_chunk_per_line(plays_split):
     train, val = plays_split
     lines = BPETokenizer.train(train, 2048, pattern=r"[^\n]*\n?")
@@ -184,7 +195,7 @@ def test_32_3_the_mlp_and_the_lm_head_share_of_the_adapters_gain():
 
     base, _ = lora_train.pretrain(200)
     state, verse = base.state_dict(), lora_train.verse_data(1)
-    lr = LORA["lr_pick"]["lora"]["lr"]
+    lr = 0.03                                       # the exercise's rate
     bpb, n = {}, {}
     for name, targets in (("attn", "attn"), ("attn+mlp", ["attn", "mlp"]), ("all", "all")):
         method = {"kind": "lora", "r": 4, "targets": targets}

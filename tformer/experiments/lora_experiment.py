@@ -5,17 +5,23 @@ steps with the same batches (per seed) in each of these ways (``tformer.experime
 full fine-tuning, LoRA at r = 1, 4, 16 on the attention projections (``attn``) and on every
 linear layer (``all``), and training from scratch. Recorded per method: the validation bits/byte
 of every seed (and their mean and spread), the trainable parameters, the bytes of Adam's two
-moments, the median time of a training step (all methods interleaved, round by round), the size
-of the file that holds what the method changed (the adapter file; the whole model otherwise).
+moments and of the gradients (needed, and allocated by tformer), the median time of a training
+step and of its three parts (forward and loss, backward, clipping and optimizer; all methods
+interleaved, round by round), the multiply-adds of the step's matrix products (read from the
+layers' shapes, the frozen layers' dW left out) and the median time of those products run
+alone, the size of the file that holds what the method changed (the adapter file; the whole
+model otherwise), and a sample written by the first seed's model.
 
-The peak learning rate of each kind (full, LoRA, scratch) is picked first from a small grid by
-the training loss of the last 20 steps of a short run on a seed of its own (never the validation
-split). Then: the singular values of the full fine-tuning's update ΔW = W_ft − W_base in a few
-layers (against a Gaussian matrix of the same shape and norm), and the validation bits/byte of
-the full fine-tuning with every linear layer's ΔW cut to rank r; inference speed of the base,
-the unmerged and the merged model; a short configuration (the base's first 30 steps, then 20
-steps of LoRA) that the chapter re-runs and compares. The file holds the command line, the
-commit, the machine and the load average.
+The peak learning rate and the weight decay of EACH method are picked first, by the same rule
+for all: from ``LR_GRID[kind]`` × ``DECAY_GRID``, the lowest mean training loss of the last 20
+steps of short runs on two pilot seeds of their own (never the validation split). For LoRA at
+r = 4 on attention, the scale s = α / r is swept too (``S_GRID``, at every rate of the grid), to
+check that the rate sweep at s = 1 covers it. Then: the singular values of the full
+fine-tuning's update ΔW = W_ft − W_base in a few layers (against a Gaussian matrix of the same
+shape and norm), and the validation bits/byte of the full fine-tuning with every linear layer's
+ΔW cut to rank r; inference speed of the base, the unmerged and the merged model; a short
+configuration (the base's first 30 steps, then 20 steps of LoRA) that the chapter re-runs and
+compares. The file holds the command line, the commit, the machine and the load average.
 """
 import functools
 import os
@@ -30,6 +36,8 @@ from ..atomic import write_json
 from ..checkpoint import save_checkpoint
 from ..lora import merge_lora
 from ..lora_file import save_adapter
+from ..data.text import decode, encode
+from ..generate import sample
 from ..models.tinygpt import TinyGPT
 from ..optim import AdamW, clip_grad_norm
 from .provenance import load_average, record
@@ -40,11 +48,15 @@ from ..runs.flags import add_flag
 DEFAULT_OUT = "book/data/lora.json"
 LORA_TARGETS = ("attn", "all")
 RANKS = (1, 4, 16)
-LR_GRID = {"full": (3e-4, 1e-3, 3e-3), "lora": (3e-3, 1e-2, 3e-2, 1e-1), "scratch": (3e-3, 1e-2)}
-DECAY = {"full": 0.1, "lora": 0.0, "scratch": 0.1}
-PILOT = {"steps": 100, "seed": 100, "lora": {"kind": "lora", "r": 4, "targets": "attn"}}
+LR_GRID = {"full": (1e-3, 3e-3, 1e-2), "lora": (3e-3, 1e-2, 3e-2, 1e-1),
+           "scratch": (1e-3, 3e-3, 1e-2)}
+DECAY_GRID = (0.0, 0.1)
+PILOT = {"steps": 100, "seeds": [100, 101]}
+S_GRID = {"method": "lora-attn-r4", "s": (0.316, 1.0, 3.16), "weight_decay": 0.0}  # 10^(∓1/2)
+SAMPLE = {"prompt": "HAMLET:\n", "bytes": 300, "temperature": 0.8, "seed": 0}
 SVD_LAYERS = ("blocks.0.attn.qkv", "blocks.1.attn.o", "blocks.0.ffn.fc1", "blocks.1.ffn.fc2")
 CHECK = {"base_steps": 30, "steps": 20, "seed": 1, "method": "lora-attn-r4"}
+TIMED = "lora-attn-r4"             # the method whose products are timed against full's
 
 
 def add_arguments(p):
@@ -88,18 +100,50 @@ def _round(xs, digits=5):
     return [round(float(x), digits) for x in xs]
 
 
-def pick_lrs(base_state):
-    """The peak rate of each kind: the lowest mean training loss over the last 20 pilot steps."""
-    kinds = {"full": {"kind": "full"}, "lora": PILOT["lora"], "scratch": {"kind": "scratch"}}
-    out = {}
-    for kind, method in kinds.items():
-        losses = {}
-        for lr in LR_GRID[kind]:
-            _, _, hist = L.finetune(base_state, method, PILOT["seed"], PILOT["steps"], lr, DECAY[kind])
-            losses[lr] = float(np.mean(hist["loss"][-20:]))
-        out[kind] = {"grid": {str(k): round(v, 5) for k, v in losses.items()},
-                     "lr": min(losses, key=losses.get)}
+def pilot_loss(base_state, method, lr, weight_decay):
+    """Mean training loss of the last 20 steps of a ``PILOT["steps"]`` run, per pilot seed."""
+    out = []
+    for seed in PILOT["seeds"]:
+        _, _, hist = L.finetune(base_state, method, seed, PILOT["steps"], lr, weight_decay)
+        out.append(float(np.mean(hist["loss"][-20:])))
     return out
+
+
+def pick_lrs(base_state, table):
+    """Per method: the (peak rate, weight decay) of ``LR_GRID[kind]`` × ``DECAY_GRID`` with the
+    lowest training loss of the pilot runs (mean over the pilot seeds)."""
+    out = {}
+    for name, method in table.items():
+        grid = []
+        for lr in LR_GRID[method["kind"]]:
+            for wd in DECAY_GRID:
+                losses = pilot_loss(base_state, method, lr, wd)
+                grid.append({"lr": lr, "weight_decay": wd, "losses": _round(losses),
+                             "mean": round(float(np.mean(losses)), 5)})
+        best = min(grid, key=lambda g: g["mean"])
+        out[name] = {"grid": grid, "lr": best["lr"], "weight_decay": best["weight_decay"]}
+        print(f"  {name}: lr {best['lr']:g}, weight decay {best['weight_decay']:g}", flush=True)
+    return out
+
+
+def scale_sweep(base_state, table):
+    """Pilot losses of ``S_GRID["method"]`` over rates × scales s = α / r (no weight decay)."""
+    method, grid = table[S_GRID["method"]], []
+    for lr in LR_GRID["lora"]:
+        for s in S_GRID["s"]:
+            losses = pilot_loss(base_state, {**method, "s": s}, lr, S_GRID["weight_decay"])
+            grid.append({"lr": lr, "s": s, "losses": _round(losses),
+                         "mean": round(float(np.mean(losses)), 5)})
+    return {**S_GRID, "grid": grid}
+
+
+def write_sample(model):
+    """``SAMPLE["bytes"]`` bytes sampled after ``SAMPLE["prompt"]`` (eval mode, fixed seed)."""
+    prompt = encode(SAMPLE["prompt"])[None, :]
+    ids = sample(model.eval(), prompt, SAMPLE["bytes"], temperature=SAMPLE["temperature"],
+                 seed=SAMPLE["seed"])
+    model.train()
+    return decode(ids[0, prompt.shape[1]:])
 
 
 def file_bytes(model, method):
@@ -113,27 +157,57 @@ def file_bytes(model, method):
         return os.path.getsize(path)
 
 
-def step_times(base_state, table, rounds):
-    """Median seconds of one training step per method, the methods interleaved round by round."""
+def step_times(base_state, table, rounds, decay):
+    """Median seconds of one training step per method, and of its three parts (forward and
+    loss, backward, clipping and optimizer), the methods interleaved round by round."""
     data = L.verse_data(1)
     x, y = data.batch(0)
-    runs = {}
+    runs, parts = {}, {name: {"forward": [], "backward": [], "optimizer": []} for name in table}
     for name, method in table.items():
         model, params = L.adapted(base_state, method, 1)
-        opt = AdamW(params, lr=1e-4, betas=(0.9, 0.95), weight_decay=DECAY[method["kind"]])
-        runs[name] = (model, params, opt)
+        opt = AdamW(params, lr=1e-4, betas=(0.9, 0.95), weight_decay=decay[name])
+        runs[name] = (model, params, opt, parts[name])
 
-    def step(model, params, opt):
+    def step(model, params, opt, part):
+        t0 = time.perf_counter()
         params.zero_grad()
         _, dlogits = L.forward_loss(model, (x, y))
+        t1 = time.perf_counter()
         model.backward(dlogits)
+        t2 = time.perf_counter()
         clip_grad_norm(params, 1.0)
         opt.step()
+        t3 = time.perf_counter()
+        for key, t in (("forward", t1 - t0), ("backward", t2 - t1), ("optimizer", t3 - t2)):
+            part[key].append(t)
     for name in table:
         step(*runs[name])                                            # warm-up
+        for v in parts[name].values():
+            v.clear()
     seconds = interleaved({name: functools.partial(step, *runs[name]) for name in table}, rounds)
-    return {n: {"median_seconds": float(np.median(s)), "seconds": _round(s, 6)}
+    return {n: {"median_seconds": float(np.median(s)), "seconds": _round(s, 6),
+                "parts": {k: float(np.median(v)) for k, v in parts[n].items()}}
             for n, s in seconds.items()}
+
+
+def product_times(base_state, table, rounds):
+    """Median seconds of the step's matrix products alone (``lora_train.products``, float32
+    operands of those shapes, in that order), full fine-tuning and ``TIMED`` interleaved."""
+    rng = np.random.default_rng(0)
+    B, T = L.BATCH, L.SHAPE["max_len"]
+    calls = {}
+    for name in ("full", TIMED):
+        model, _ = L.adapted(base_state, table[name], 1)
+        ops = []
+        for _, b, m, k, n in L.products(model, B, T):
+            shape = (b,) if b > 1 else ()
+            ops.append((rng.standard_normal(shape + (m, k)).astype(np.float32),
+                        rng.standard_normal(shape + (k, n)).astype(np.float32)))
+        calls[name] = functools.partial(lambda ops: [a @ b for a, b in ops], ops)
+    for fn in calls.values():
+        fn()                                                         # warm-up
+    seconds = interleaved(calls, rounds)
+    return {n: float(np.median(s)) for n, s in seconds.items()}
 
 
 def inference_times(base_state, rounds):
@@ -181,9 +255,11 @@ def check_run(base_lrs):
     """The short configuration the chapter re-runs: the base's first steps, then LoRA."""
     base, hist = L.pretrain(CHECK["base_steps"])
     method = methods()[CHECK["method"]]
+    pick = base_lrs[CHECK["method"]]
     _, _, ft = L.finetune(base.state_dict(), method, CHECK["seed"], CHECK["steps"],
-                          base_lrs["lora"]["lr"], DECAY["lora"])
-    return {**CHECK, "lr": base_lrs["lora"]["lr"], "base_losses": _round(hist["loss"], 6),
+                          pick["lr"], pick["weight_decay"])
+    return {**CHECK, "lr": pick["lr"], "weight_decay": pick["weight_decay"],
+            "base_losses": _round(hist["loss"], 6),
             "losses": _round(ft["loss"], 6)}
 
 
@@ -193,7 +269,8 @@ def main(args):
               "config": {"shape": L.SHAPE, "batch_size": L.BATCH, "base": L.BASE,
                          "steps": args.steps, "seeds": args.seeds, "eval_windows": L.EVAL_WINDOWS,
                          "lr_grid": {k: list(v) for k, v in LR_GRID.items()},
-                         "weight_decay": DECAY, "pilot": PILOT, "alpha": "r (s = 1)",
+                         "decay_grid": list(DECAY_GRID), "pilot": PILOT, "s_grid": S_GRID,
+                         "alpha": "r (s = 1)", "sample": SAMPLE,
                          "warmup": "steps // 10", "min_lr": "lr / 10", "clip": 1.0,
                          "time_rounds": args.time_rounds}}
     print("pretraining the base model on the Python corpus ...", flush=True)
@@ -203,35 +280,48 @@ def main(args):
     result["base"] = {"losses": _round(hist["loss"]), "seconds": hist["time"][-1],
                       "python_val_bpb": L.val_bpb(base, L.python_data()),
                       "shakespeare_val_bpb": L.val_bpb(base, verse),
-                      "parameters": base.num_parameters(), "file_bytes": file_bytes(base, {"kind": "full"})}
+                      "parameters": base.num_parameters(), "file_bytes": file_bytes(base, {"kind": "full"}),
+                      "sample": write_sample(base)}
     print(f"base: {result['base']}"[:200], flush=True)
-    lrs = result["lr_pick"] = pick_lrs(base_state)
-    print(f"learning rates: { {k: v['lr'] for k, v in lrs.items()} }", flush=True)
     table = methods()
+    print("picking each method's learning rate and weight decay ...", flush=True)
+    lrs = result["lr_pick"] = pick_lrs(base_state, table)
+    result["scale_sweep"] = scale_sweep(base_state, table)
+    write_json(args.out, result)
     result["methods"], full_models = {}, {}
     for name, method in table.items():
         kind, rows = method["kind"], []
+        lr, wd = lrs[name]["lr"], lrs[name]["weight_decay"]
         for seed in args.seeds:
-            model, params, h = L.finetune(base_state, method, seed, args.steps, lrs[kind]["lr"],
-                                          DECAY[kind], eval_every=50)
+            model, params, h = L.finetune(base_state, method, seed, args.steps, lr, wd,
+                                          eval_every=50)
             rows.append({"seed": seed, "val_bpb": h["eval"][-1][1]["val_bpb"],
                          "val_curve": [[s, round(m["val_bpb"], 5)] for s, m in h["eval"]],
                          "losses": _round(h["loss"]), "seconds": h["time"][-1]})
-            if kind == "full" and seed == args.seeds[0]:
-                full_models["full"] = model
+            if seed == args.seeds[0]:
+                first = (model, params, h)
             print(f"{name} seed {seed}: val {rows[-1]['val_bpb']:.4f} bits/byte", flush=True)
+        model, params, h = first
+        if kind == "full":
+            full_models["full"] = model
         vals = np.array([r["val_bpb"] for r in rows])
+        needed, allocated = L.gradient_bytes(model, params)
         result["methods"][name] = {
-            **method, "lr": lrs[kind]["lr"], "weight_decay": DECAY[kind], "runs": rows,
+            **method, "lr": lr, "weight_decay": wd, "runs": rows,
             "val_bpb_mean": float(vals.mean()), "val_bpb_std": float(vals.std(ddof=1)),
             "val_bpb_min": float(vals.min()), "val_bpb_max": float(vals.max()),
             "trainable": L.trainable(params), "optimizer_state_bytes": L.optimizer_state_bytes(h["optimizer"]),
-            "file_bytes": file_bytes(model, method)}
+            "gradient_bytes_needed": needed, "gradient_bytes_allocated": allocated,
+            "multiply_adds": L.multiply_adds(model, L.BATCH, L.SHAPE["max_len"]),
+            "file_bytes": file_bytes(model, method), "sample": write_sample(model)}
         write_json(args.out, result)                               # a partial file as runs finish
     print("timing ...", flush=True)
-    for name, t in step_times(base_state, table, args.time_rounds).items():
+    for name, t in step_times(base_state, table, args.time_rounds,
+                                   {n: v["weight_decay"] for n, v in lrs.items()}).items():
         result["methods"][name]["step_seconds"] = t["median_seconds"]
         result["methods"][name]["step_seconds_all"] = t["seconds"]
+        result["methods"][name]["step_parts_seconds"] = t["parts"]
+    result["products_seconds"] = product_times(base_state, table, args.time_rounds)
     result["inference"] = inference_times(base_state, 3 * args.time_rounds)
     result["delta_w"] = delta_spectra(base, full_models["full"])
     result["truncation"] = {"val_bpb": truncation(base, full_models["full"], verse),

@@ -16,7 +16,7 @@ import numpy as np
 from .. import functional as F
 from ..data.shakespeare import shakespeare_data
 from ..data.text import TextData, bits_per_byte, evaluate_loss
-from ..lora import Adapters, apply_lora
+from ..lora import Adapters, LoRALinear, _linears, apply_lora
 from ..models.tinygpt import TinyGPT
 from ..optim import AdamW, cosine_with_warmup
 from ..train import train
@@ -79,14 +79,16 @@ def pretrain(steps=None):
 
 def adapted(base_state, method, seed):
     """``(model, params)``: the model a method starts from and what its optimizer trains.
-    ``method``: ``{"kind": "full" | "lora" | "scratch", "r": ..., "targets": ...}``."""
+    ``method``: ``{"kind": "full" | "lora" | "scratch", "r": ..., "targets": ..., "s": ...}``
+    (``s`` = α / r, default 1)."""
     model = TinyGPT(**SHAPE, seed=seed)
     if method["kind"] == "scratch":
         return model, model
     model.load_state_dict(base_state)
     if method["kind"] == "full":
         return model, model
-    apply_lora(model, method["r"], method.get("alpha"), method["targets"], seed=seed)
+    alpha = method.get("s", 1.0) * method["r"]
+    apply_lora(model, method["r"], alpha, method["targets"], seed=seed)
     return model, Adapters(model)
 
 
@@ -113,3 +115,51 @@ def truncated(delta, r):
     """The best rank-r approximation of ``delta`` (its first r singular triplets)."""
     U, S, Vt = np.linalg.svd(delta, full_matrices=False)
     return (U[:, :r] * S[:r]) @ Vt[:r]
+
+
+def products(model, B, T):
+    """The matrix products of one training step of ``model`` on ``(B, T)`` tokens, read from its
+    layers' shapes: ``[(what, batch, m, k, n)]``, each ``batch`` products (m, k) @ (k, n), so
+    ``batch·m·k·n`` multiply-adds. A linear layer: X W forward, dX = dY Wᵀ and, unless W is
+    frozen, dW = Xᵀ dY; an adapter adds its six thin products; attention (per block, B·H heads
+    of D = C / H): Q Kᵀ and P V forward, dP = dO Vᵀ, dV = Pᵀ dO, dQ = dS K, dK = dSᵀ Q."""
+    N, out = B * T, []
+    for path, _, _, layer in _linears(model):
+        base = layer.base if isinstance(layer, LoRALinear) else layer
+        ci, co = base.W.shape
+        out += [(path + " X W", 1, N, ci, co), (path + " dX", 1, N, co, ci)]
+        if not base.is_frozen("W"):
+            out.append((path + " dW", 1, ci, N, co))
+        if isinstance(layer, LoRALinear):
+            r = layer.r
+            out += [(path + " X A", 1, N, ci, r), (path + " (XA) B", 1, N, r, co),
+                    (path + " G Bᵀ", 1, N, co, r), (path + " dA", 1, ci, N, r),
+                    (path + " dB", 1, r, N, co), (path + " (GBᵀ) Aᵀ", 1, N, r, ci)]
+    cfg = model.config
+    H, D = cfg["n_heads"], cfg["d_model"] // cfg["n_heads"]
+    for i in range(cfg["n_layers"]):
+        for what, m, k, n in (("Q Kᵀ", T, D, T), ("P V", T, T, D), ("dP", T, D, T),
+                              ("dV", T, T, D), ("dQ", T, T, D), ("dK", T, T, D)):
+            out.append((f"blocks.{i}.attn {what}", B * H, m, k, n))
+    return out
+
+
+def multiply_adds(model, B, T):
+    """Σ batch·m·k·n over ``products(model, B, T)``: the multiply-adds of a step's products."""
+    return sum(b * m * k * n for _, b, m, k, n in products(model, B, T))
+
+
+def gradient_bytes(model, params):
+    """``(needed, allocated)`` bytes of gradients: those of the trained parameters alone (what a
+    framework that frees a frozen parameter's gradient holds, as PyTorch does), and the arrays
+    tformer keeps (the flat buffer, whose layout does not depend on what is frozen, and the
+    scratch arrays that frozen layers write into), each array counted once."""
+    needed = sum(g.nbytes for _, _, g in params.named_parameters() if g is not None)
+    seen, allocated = set(), 0
+    for m in model._modules():
+        for g in list(m.grads.values()) + list(m._frozen.values()):
+            root = g if g.base is None else g.base
+            if id(root) not in seen:
+                seen.add(id(root))
+                allocated += root.nbytes
+    return int(needed), int(allocated)
