@@ -15,7 +15,8 @@ and no to others, yes and no are paired. Every pair comes from the model's own d
 (``dpo-full``), and supervised fine-tuning on the chosen lines alone (``sft-lora``, ``sft-full``),
 the baseline that needs no pairs. Each method's peak learning rate is picked from ``LR_GRID`` by
 its own objective on held-out pairs (pairs of training-text prompts kept out of training; never the
-evaluation prompts). Weight decay is 0 for every method: nothing pulls the weights toward zero
+evaluation prompts); every rate of the grid is measured too, on a pilot seed, which traces each
+method's frontier of the preference against the KL and the loss it costs. Weight decay is 0 for every method: nothing pulls the weights toward zero
 that the reference did not (the KL term is DPO's pull toward the reference).
 
 **What is measured**, on prompts from the eight plays' validation text (held out of the long run's
@@ -49,7 +50,7 @@ from .provenance import load_average, record
 DEFAULT_OUT = "book/data/preference.json"
 METHODS = {"dpo-lora": {"loss": "dpo", "kind": "lora"}, "dpo-full": {"loss": "dpo", "kind": "full"},
            "sft-lora": {"loss": "sft", "kind": "lora"}, "sft-full": {"loss": "sft", "kind": "full"}}
-LR_GRID = {"lora": (3e-4, 1e-3, 3e-3), "full": (3e-5, 1e-4, 3e-4)}
+LR_GRID = {"lora": (1e-4, 3e-4, 1e-3, 3e-3), "full": (1e-5, 3e-5, 1e-4, 3e-4)}
 LORA = {"r": 8, "targets": "all"}
 BETA = 0.1
 SAMPLES = 8
@@ -198,14 +199,18 @@ def run(base, method, pairs, lr, steps, seed):
                 LORA if method["kind"] == "lora" else None, BATCH_PAIRS)
 
 
-def pick_lr(base, method, pairs, steps, seed):
-    """The peak rate of ``method`` with the lowest held-out objective, and the grid's values."""
+def pick_lr(base, method, pairs, steps, seed, measure):
+    """Every rate of the grid on a pilot seed: its held-out objective and ``measure(model)``
+    (the frontier of the preference against KL and loss); the rate with the lowest held-out
+    objective is the method's."""
     grid = {}
     for lr in LR_GRID[method["kind"]]:
         model, _ = run(base, method, pairs["train"], lr, steps, seed)
-        grid[str(lr)] = round(objective(model, pairs["held_out"], method["loss"], BETA), 5)
-        print(f"  lr {lr:g}: held-out {grid[str(lr)]:.4f}", flush=True)
-    return float(min(grid, key=grid.get)), grid
+        ev = measure(model)
+        grid[str(lr)] = {"held_out": round(objective(model, pairs["held_out"], method["loss"], BETA), 5),
+                         **{k: ev[k] for k in ("rate", "kl_per_line", "val_nats_per_char")}}
+        print(f"  lr {lr:g}: {grid[str(lr)]}", flush=True)
+    return float(min(grid, key=lambda k: grid[k]["held_out"])), grid
 
 
 def main(args):
@@ -238,7 +243,8 @@ def main(args):
     result["methods"] = {}
     for name, method in METHODS.items():
         print(f"{name}: picking the learning rate ...", flush=True)
-        lr, grid = pick_lr(ref, method, pairs, args.steps, seed=100)
+        lr, grid = pick_lr(ref, method, pairs, args.steps, seed=100,
+                           measure=lambda m: evaluate(m, ref, tokenizer, eval_ids, windows, 3))
         runs = []
         for seed in args.seeds:
             model, hist = run(ref, method, pairs["train"], lr, args.steps, seed)
