@@ -134,7 +134,8 @@ def tune(base, pairs, loss, lr, steps, seed, beta=0.1, lora=None, batch_pairs=16
     opt = AdamW(params, lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
     batches = order(len(pairs), steps, batch_pairs, seed)
     warmup = min(max(1, steps // 10), steps - 1)      # one step: no warm-up
+    def schedule(step):
+        return cosine_with_warmup(step, lr, warmup, steps, lr / 10)
     hist = train(params, opt, lambda i: batches[i], step_loss(pairs, loss, beta), steps,
-                 clip_norm=1.0, lr_schedule=lambda s: cosine_with_warmup(s, lr, warmup, steps, lr / 10),
-                 **{"progress_bar": False, **train_kwargs})
+                 clip_norm=1.0, lr_schedule=schedule, **{"progress_bar": False, **train_kwargs})
     return model.eval(), hist
