@@ -95,6 +95,22 @@ def targets(text):
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
+def checked_targets(args, model):
+    """The layer names of ``--lora-targets``, each found in ``model`` and ``--lora`` at most
+    min(C_in, C_out) of every layer they name; a UsageError naming the flag otherwise."""
+    names = targets(args.lora_targets)
+    try:
+        paths = resolve_targets(model, names)
+    except ValueError as e:
+        raise UsageError(f"--lora-targets: {str(e).removeprefix('targets: ')}") from None
+    shapes = {n: p.shape for n, p, _ in model.named_parameters()}
+    most = min((min(shapes[f"{p}.W"]) for p in paths if f"{p}.W" in shapes), default=args.lora)
+    if args.lora > most:
+        raise UsageError(f"--lora: expected a rank of at most {most} (min(C_in, C_out) of the "
+                         f"layers of --lora-targets {args.lora_targets}), got {args.lora}")
+    return names
+
+
 def prepare(args, model):
     """The model with the ``--base`` weights (and adapters with ``--lora``); returns what the
     optimizer trains: ``model`` itself, or its ``Adapters``."""
@@ -112,16 +128,7 @@ def prepare(args, model):
     if get_world().size > 1:
         raise UsageError("--lora: runs in one process (the adapters' gradients are a few "
                          "kilobytes); expected no mpiexec")
-    try:
-        paths = resolve_targets(model, targets(args.lora_targets))
-    except ValueError as e:
-        raise UsageError(f"--lora-targets: {str(e).removeprefix('targets: ')}") from None
-    shapes = {n: p.shape for n, p, _ in model.named_parameters()}
-    most = min((min(shapes[f"{p}.W"]) for p in paths if f"{p}.W" in shapes), default=args.lora)
-    if args.lora > most:
-        raise UsageError(f"--lora: expected a rank of at most {most} (min(C_in, C_out) of the "
-                         f"layers of --lora-targets {args.lora_targets}), got {args.lora}")
-    layers = apply_lora(model, args.lora, args.lora_alpha, targets(args.lora_targets),
+    layers = apply_lora(model, args.lora, args.lora_alpha, checked_targets(args, model),
                         seed=args.seed)
     view = Adapters(model)
     print(f"LoRA: r={args.lora}, α={model.lora['alpha']:g} on {len(layers)} layers "

@@ -38,13 +38,14 @@ import numpy as np
 
 from ..checkpoint import save_checkpoint
 from ..data.text import encode as byte_encode
-from ..lora import Adapters, merge_lora, resolve_targets
+from ..lora import Adapters, merge_lora
 from ..scaling.quantize import dequantized
 from ..tune import Pairs, objective, tune
 from .files import (MALFORMED, check_tokenizer, load_tinygpt_file, load_tokenizer_file,
                     read_checkpoint_file, tokenizer_record)
 from .flags import (UsageError, _number, nonnegative_float, nonnegative_int, positive_float,
                     positive_int)
+from .finetune import checked_targets
 from .pairs_file import read_pairs
 from .paths import check_paths
 
@@ -170,16 +171,7 @@ def _lora(args, model):
     ``--lora``."""
     if args.lora is None:
         return None
-    targets = [t.strip() for t in args.lora_targets.split(",") if t.strip()]
-    try:
-        paths = resolve_targets(model, targets)
-    except ValueError as e:
-        raise UsageError(f"--lora-targets: {str(e).removeprefix('targets: ')}") from None
-    shapes = {n: p.shape for n, p, _ in model.named_parameters()}
-    most = min((min(shapes[f"{p}.W"]) for p in paths if f"{p}.W" in shapes), default=args.lora)
-    if args.lora > most:
-        raise UsageError(f"--lora: expected a rank of at most {most} (min(C_in, C_out) of the "
-                         f"layers of --lora-targets {args.lora_targets}), got {args.lora}")
+    targets = checked_targets(args, model)
     return {"r": args.lora, "alpha": args.lora_alpha, "targets": targets}
 
 
