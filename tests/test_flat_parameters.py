@@ -43,6 +43,21 @@ def test_flattening_changes_no_value_and_no_output():
     assert np.array_equal(a.forward(tokens), out_before)
 
 
+def test_a_deep_copy_of_a_flattened_model_is_flattened_with_the_same_values():
+    import copy
+    a = TinyGPT(d_model=16, n_heads=2, n_layers=2, max_len=8, seed=2)
+    a.blocks[0].attn.qkv.freeze()
+    _step(a, AdamW(a, lr=1e-2))                   # gradients that are not zero
+    b = copy.deepcopy(a)
+    (Pa, Ga), (Pb, Gb) = a.flat_buffers(), b.flat_buffers()
+    assert Pb is not Pa and Gb is not Ga
+    assert np.array_equal(Pa, Pb) and np.array_equal(Ga, Gb)
+    assert b.blocks[0].attn.qkv.is_frozen("W") and b.blocks[0].attn.qkv.W.base is Pb
+    assert (b.blocks[0].attn.qkv._frozen["W"] == 0).all()     # its place stays zero
+    b.blocks[0].attn.qkv.W[0, 0] += 1.0           # its own arrays: a's are untouched
+    assert a.blocks[0].attn.qkv.W[0, 0] != b.blocks[0].attn.qkv.W[0, 0]
+
+
 @pytest.mark.parametrize("make_opt", [lambda m: AdamW(m, lr=1e-2), lambda m: Adam(m, lr=1e-2),
                                       lambda m: SGD(m, lr=0.1, momentum=0.9, weight_decay=0.01)])
 def test_flat_sweep_equals_per_parameter_updates_bit_for_bit(make_opt):

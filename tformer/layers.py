@@ -10,6 +10,7 @@ is used by the forward pass and never changed: ``named_parameters()`` yields its
 (so the optimizers, clipping and the loss scaler skip it), and a layer whose weight is frozen runs
 ``backward_without_dW``: dX (and db, if b is trained), never the product Xᵀ dY.
 """
+import copy
 import math
 
 import numpy as np
@@ -41,6 +42,19 @@ class Module:
         else:
             self._param_attrs.pop(name, None)
         object.__setattr__(self, name, value)
+
+    def __deepcopy__(self, memo):
+        """A copy of the module tree. NumPy copies each view of a flat buffer as an array of its
+        own, so the copy of a flattened module is flattened again (``flatten_parameters``): one
+        buffer of parameters and one of gradients, as the original had, with their values (a frozen
+        parameter's place zero)."""
+        new = object.__new__(type(self))
+        memo[id(self)] = new
+        for name, value in self.__dict__.items():
+            object.__setattr__(new, name, copy.deepcopy(value, memo))
+        if self.__dict__.get("_flat") is not None and self.flat_buffers() is not None:
+            new.flatten_parameters()
+        return new
 
     def param_attributes(self):
         """``[(attribute, key)]``: the attributes that name a parameter (``self.W`` for

@@ -126,7 +126,6 @@ def tune(base, pairs, loss, lr, steps, seed, beta=0.1, lora=None, batch_pairs=16
     ``pairs`` must hold the reference's log-probabilities. ``train_kwargs`` go to ``train``
     (checkpoints, progress bar)."""
     model = copy.deepcopy(base).train()
-    model.flatten_parameters()          # a deep copy's arrays no longer view one flat buffer
     params = model
     if lora is not None:
         apply_lora(model, lora["r"], lora.get("alpha"), lora["targets"], seed=seed)

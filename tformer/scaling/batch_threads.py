@@ -121,8 +121,8 @@ class Replicas:
             saved = getattr(m, "_saved", None)
             if saved is not None:      # nor the segment inputs of gradient checkpointing
                 memo[id(saved)] = None
-        rep = copy.deepcopy(main, memo)
-        _, G = rep.flatten_parameters()                  # the replica's own flat gradients, zeroed
+        rep = copy.deepcopy(main, memo)                  # flattened, as main is (Module.__deepcopy__)
+        _, G = rep.flat_buffers()                        # the replica's own flat gradients, zeroed
         G.fill(0)
         bindings = []
         for main_m, rep_m in zip(main._modules(), rep._modules()):
