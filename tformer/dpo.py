@@ -81,13 +81,19 @@ def _logp_of(logp, targets, mask):
     return np.where(mask, logp_y, 0).sum(axis=1)                            # (B,)
 
 
-def _logp_backward(g, logp, targets, mask):
+def _logp_backward(g, logp, targets, mask, out=None):
     """∂(Σ_b g_b log π(y_b))/∂z_t = g m_t (onehot(y_t) − softmax(z_t)).
 
+    Written as −w softmax(z_t), then + w at the target, w = g m_t: no one-hot array of (B, T, V).
+    ``out``: a (B, T, V) array to write into (a half of a batch's gradient), else a new one.
     Shapes: ``g: (B,)``, ``logp: (B, T, V)``, ``targets, mask: (B, T)`` -> ``(B, T, V)``.
     """
-    onehot = np.arange(logp.shape[-1]) == targets[..., None]                 # (B, T, V)
-    return (onehot - np.exp(logp)) * (g[:, None] * mask)[..., None]
+    w = (g[:, None] * mask)[..., None]                                      # (B, T, 1)
+    d = np.exp(logp, out=out)                                               # softmax(z_t)
+    np.multiply(d, -w, out=d)
+    y = targets[..., None]
+    np.put_along_axis(d, y, np.take_along_axis(d, y, axis=-1) + w, axis=-1)
+    return d
 
 
 def sequence_logp(logits, targets, mask):
@@ -120,21 +126,23 @@ def dpo_forward(logits_w, targets_w, mask_w, logits_l, targets_l, mask_l, ref_lo
     return losses, DPOCache(logp_w, targets_w, mask_w, logp_l, targets_l, mask_l, beta, sig)
 
 
-def dpo_backward(dlosses, cache):
+def dpo_backward(dlosses, cache, out=None):
     """∂L/∂z^w_t = g β σ(−βΔ) m^w_t (softmax(z^w_t) − onehot(y^w_t)); ∂L/∂z^l_t: the same, negated.
 
     In the forward L = −log σ(βΔ), so ∂L/∂Δ = −β σ(−βΔ); Δ holds +log π(y_w) and −log π(y_l),
     and ∂ log π(y)/∂z_t = m_t (onehot(y_t) − softmax(z_t)).
     Shapes: ``dlosses: (B,)`` (g, the upstream gradient of each pair's loss)
-    ->  ``(dlogits_w: (B, T_w, V), dlogits_l: (B, T_l, V))``.
+    ->  ``(dlogits_w: (B, T_w, V), dlogits_l: (B, T_l, V))``. ``out``: two arrays of those shapes
+    and the logits' dtype to write them into (the two halves of one batch's gradient), else new ones.
     """
     B = cache.sig.shape[0]
     float_array("dlosses", dlosses, ndim=1)
     if dlosses.shape != (B,):
         raise ValueError(f"dlosses: expected shape ({B},) (one per pair), got {dlosses.shape}")
+    out_w, out_l = (None, None) if out is None else out
     dlogp_w = -dlosses * cache.beta * cache.sig                              # ∂L/∂log π(y_w) = ∂L/∂Δ
-    return (_logp_backward(dlogp_w, cache.logp_w, cache.targets_w, cache.mask_w),
-            _logp_backward(-dlogp_w, cache.logp_l, cache.targets_l, cache.mask_l))
+    return (_logp_backward(dlogp_w, cache.logp_w, cache.targets_w, cache.mask_w, out_w),
+            _logp_backward(-dlogp_w, cache.logp_l, cache.targets_l, cache.mask_l, out_l))
 
 
 def dpo_loss(logits_w, targets_w, mask_w, logits_l, targets_l, mask_l, ref_logp_w, ref_logp_l,

@@ -17,7 +17,7 @@ import numpy as np
 
 from . import functional as F
 from .data.pairs import pair_batch, sequences
-from .dpo import dpo_loss, sequence_logp
+from .dpo import dpo_backward, dpo_forward, sequence_logp
 from .lora import Adapters, apply_lora
 from .optim import AdamW, cosine_with_warmup
 from .train import train
@@ -90,9 +90,11 @@ def dpo_step_loss(pairs, beta):
         x, t, m = pairs.batch(idx)
         logits = model.forward(x)                                         # (2B, T, V)
         B = idx.size
-        L, (dw, dl) = dpo_loss(logits[:B], t[:B], m[:B], logits[B:], t[B:], m[B:],
-                               pairs.ref_w[idx], pairs.ref_l[idx], beta)
-        return L, np.concatenate([dw, dl])                                # (2B, T, V)
+        losses, cache = dpo_forward(logits[:B], t[:B], m[:B], logits[B:], t[B:], m[B:],
+                                    pairs.ref_w[idx], pairs.ref_l[idx], beta)
+        dlogits = np.empty_like(logits)                 # the chosen half, then the rejected
+        dpo_backward(np.full(B, 1 / B, losses.dtype), cache, out=(dlogits[:B], dlogits[B:]))
+        return float(losses.mean()), dlogits
     return forward_loss
 
 
