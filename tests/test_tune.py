@@ -17,7 +17,7 @@ from tformer.kernels.losses import log_softmax
 from tformer.lora import Adapters, apply_lora
 from tformer.scaling import batch_threads
 from tformer.models.tinygpt import TinyGPT
-from tformer.tune import Pairs, dpo_step_loss, objective, order, sft_step_loss, tune
+from tformer.tune import Pairs, dpo_step_loss, margins, objective, order, sft_step_loss, tune
 
 V = 11
 
@@ -102,6 +102,7 @@ def test_dpo_with_lora_moves_the_adapters_alone():
         assert np.array_equal(p, before[name.replace(".base.", ".")]), name
     assert objective(tuned, pairs, "dpo", 0.1) < math.log(2) - 0.01
     assert objective(ref, pairs, "dpo", 0.1) == pytest.approx(math.log(2), abs=1e-6)
+    assert np.abs(margins(ref, pairs)).max() < 1e-5 and (margins(tuned, pairs) > 0).mean() > 0.5
 
 
 @pytest.mark.parametrize("lora", [None, dict(r=2, targets="attn")])

@@ -47,6 +47,14 @@ class Pairs:
     def __len__(self):
         return self.prompt.shape[0]
 
+    def subset(self, idx):
+        """The pairs ``idx`` (with the reference's log-probabilities, if computed)."""
+        out = Pairs(self.prompt[idx], self.chosen[idx], self.chosen_len[idx], self.rejected[idx],
+                    self.rejected_len[idx], self.prompt_len[idx])
+        if self.ref_w is not None:
+            out.ref_w, out.ref_l = self.ref_w[idx], self.ref_l[idx]
+        return out
+
     def batch(self, idx):
         """``(x, targets, mask)`` of the pairs ``idx``: the B chosen rows, then the B rejected."""
         return pair_batch(self.prompt[idx], self.chosen[idx], self.chosen_len[idx],
@@ -72,6 +80,14 @@ class Pairs:
         model.train(was)
         self.ref_w, self.ref_l = np.concatenate(w), np.concatenate(l)
         return self
+
+
+def margins(model, pairs):
+    """Δ_i = (log π(y_w|x) − log π_ref(y_w|x)) − (log π(y_l|x) − log π_ref(y_l|x)) of every pair,
+    ``model`` being π: β Δ_i is the implicit reward's margin, > 0 where it orders the pair as the
+    preference does. ``(N,)``."""
+    policy = pairs.subset(np.arange(len(pairs))).reference(model)
+    return (policy.ref_w - pairs.ref_w) - (policy.ref_l - pairs.ref_l)
 
 
 def order(n_pairs, steps, batch_pairs, seed):

@@ -40,7 +40,7 @@ from ..checkpoint import save_checkpoint
 from ..data.text import encode as byte_encode
 from ..lora import Adapters, merge_lora
 from ..scaling.quantize import dequantized
-from ..tune import Pairs, objective, tune
+from ..tune import margins, objective, tune
 from .files import (MALFORMED, check_tokenizer, load_tinygpt_file, load_tokenizer_file,
                     read_checkpoint_file, tokenizer_record)
 from .flags import (UsageError, _number, nonnegative_float, nonnegative_int, positive_float,
@@ -178,21 +178,6 @@ def _lora(args, model):
     return {"r": args.lora, "alpha": args.lora_alpha, "targets": targets}
 
 
-def _subset(pairs, idx):
-    """The pairs ``idx`` of ``pairs``, with their reference log-probabilities."""
-    out = Pairs(pairs.prompt[idx], pairs.chosen[idx], pairs.chosen_len[idx], pairs.rejected[idx],
-                pairs.rejected_len[idx], pairs.prompt_len[idx])
-    out.ref_w, out.ref_l = pairs.ref_w[idx], pairs.ref_l[idx]
-    return out
-
-
-def implicit_margins(model, pairs):
-    """Δ_i = (log π(y_w|x) − log π_ref(y_w|x)) − (log π(y_l|x) − log π_ref(y_l|x)) of every pair:
-    ``model`` is π, ``pairs.ref_w, ref_l`` are π_ref's."""
-    policy = _subset(pairs, np.arange(len(pairs))).reference(model)
-    return (policy.ref_w - pairs.ref_w) - (policy.ref_l - pairs.ref_l)
-
-
 def _progress(args, probe, every):
     """``evaluate`` for ``train``: prints the objective on ``probe`` every ``every`` steps."""
     calls = []
@@ -236,7 +221,7 @@ def _report(before, after, margins, beta):
 def _train(args, base, pairs, lora, batch):
     """``(model, hist, objective after, margins Δ)``: ``tune`` with progress lines, the adapters
     merged; a UsageError naming ``--lr`` if training or the tuned model stops being finite."""
-    probe = _subset(pairs, np.arange(min(PROBE, len(pairs))))
+    probe = pairs.subset(np.arange(min(PROBE, len(pairs))))
     every = max(10, args.steps // 20)
     try:
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):   # said once, below
@@ -250,7 +235,7 @@ def _train(args, base, pairs, lora, batch):
             if not all(np.isfinite(p).all() for _, p, _ in model.named_parameters()):
                 raise FloatingPointError("the tuned weights hold NaN or infinite values")
             return model, hist, objective(model, pairs, args.loss, args.beta), \
-                implicit_margins(model, pairs)
+                margins(model, pairs)
     except (FloatingPointError, ValueError) as e:      # NonFiniteLossError is a FloatingPointError
         if not isinstance(e, FloatingPointError) and "NaN" not in str(e):
             raise                                        # not a diverged run: a bug to show
