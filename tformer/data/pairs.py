@@ -104,15 +104,15 @@ def sequences(prompt_ids, responses, lengths, prompt_lengths=None):
     the targets that are response tokens. ``prompt_ids: (N, P)`` (only the first
     ``prompt_lengths[n]`` of row n used; default all P), ``responses: (N, R)``, ``lengths: (N,)``."""
     N, P = prompt_ids.shape
-    p_len = np.full(N, P) if prompt_lengths is None else np.asarray(prompt_lengths)
-    total = p_len + lengths
-    seq = np.zeros((N, int(total.max())), dtype=np.int64)
-    mask = np.zeros(seq.shape, dtype=bool)
-    for n in range(N):
-        seq[n, :p_len[n]] = prompt_ids[n, :p_len[n]]
-        seq[n, p_len[n]:total[n]] = responses[n, :lengths[n]]
-        mask[n, p_len[n]:total[n]] = True
-    return seq[:, :-1], seq[:, 1:], mask[:, 1:]
+    p_len = (np.full(N, P) if prompt_lengths is None else np.asarray(prompt_lengths))[:, None]
+    total = p_len + np.asarray(lengths)[:, None]                           # (N, 1)
+    j = np.broadcast_to(np.arange(int(total.max())), (N, int(total.max())))  # position in the row
+    from_prompt = np.take_along_axis(prompt_ids, np.minimum(j, P - 1), axis=1)
+    from_response = np.take_along_axis(responses, np.clip(j - p_len, 0, responses.shape[1] - 1),
+                                       axis=1)
+    in_response = (j >= p_len) & (j < total)
+    seq = np.where(j < p_len, from_prompt, np.where(in_response, from_response, 0)).astype(np.int64)
+    return seq[:, :-1], seq[:, 1:], in_response[:, 1:]
 
 
 def pair_batch(prompt_ids, chosen, chosen_len, rejected, rejected_len, prompt_lengths=None):
