@@ -38,7 +38,6 @@ from ..atomic import write_json
 from ..data import pairs as PR
 from ..data.all_plays import all_plays_data, all_plays_documents, yardstick
 from ..data.meter import scans
-from ..data.text import evaluate_loss
 from ..kernels.losses import log_softmax
 from ..runs.flags import UsageError, add_flag
 from ..scaling.quantize import dequantized
@@ -46,6 +45,7 @@ from ..runs.paths import check_paths
 from ..tune import Pairs, objective, tune
 from .long_run import load_shipped
 from .provenance import load_average, record
+from .scaling_corpus import token_windows, windows_nats_per_char
 
 DEFAULT_OUT = "book/data/preference.json"
 METHODS = {"dpo-lora": {"loss": "dpo", "kind": "lora"}, "dpo-full": {"loss": "dpo", "kind": "full"},
@@ -126,16 +126,12 @@ def kl_per_line(model, ref, prompt_ids, resp, lens, rows=32):
 
 def yardstick_windows(tokenizer, text, T):
     """The validation text as the long run scores it: ``(x, y, token_lengths)``."""
-    ids = tokenizer.encode(text.encode()).astype(np.int64)
-    n = (ids.size - 1) // T
-    w = ids[np.arange(n)[:, None] * T + np.arange(T + 1)]
-    lengths = np.array([len(t) for t in tokenizer.tokens])
-    return w[:, :-1], w[:, 1:], lengths
+    ids = tokenizer.encode(text.encode())
+    return (*token_windows(ids, T), np.array([len(t) for t in tokenizer.tokens]))
 
 
 def nats_per_char(model, windows):
-    x, y, lengths = windows
-    return float(evaluate_loss(model, x, y, 32) * y.size / lengths[y].sum())
+    return windows_nats_per_char(model, *windows)
 
 
 def wilson(k, n, z=1.959964):

@@ -40,10 +40,7 @@ class Corpus:
 
     def windows(self, T):
         """``(x, y)``, ``(n, T)`` each: the yardstick cut into non-overlapping windows of T tokens."""
-        n = (self.yardstick.size - 1) // T
-        idx = np.arange(n)[:, None] * T + np.arange(T + 1)              # (n, T + 1)
-        w = self.yardstick[idx].astype(np.int64)
-        return w[:, :-1], w[:, 1:]
+        return token_windows(self.yardstick, T)
 
     def nats_per_char(self, model, T, batch_size=32):
         """The model's loss on the yardstick, in nats per character: N·L / n."""
@@ -52,8 +49,23 @@ class Corpus:
     def windows_nats_per_char(self, model, x, y, batch_size=32):
         """The model's loss on windows ``(x, y)`` of this vocabulary's tokens, ``(n, T)`` each, in
         nats per character of the tokens predicted: N·L / n."""
-        per_token = evaluate_loss(model, x, y, batch_size)
-        return float(per_token * y.size / self.tokens.token_lengths[y].sum())
+        return windows_nats_per_char(model, x, y, self.tokens.token_lengths, batch_size)
+
+
+def token_windows(ids, T):
+    """``(x, y)``, ``(n, T)`` each: token ids ``(N,)`` cut into non-overlapping windows of T tokens
+    (n = ⌊(N − 1)/T⌋), y the next token of every position of x."""
+    n = (ids.size - 1) // T
+    idx = np.arange(n)[:, None] * T + np.arange(T + 1)                  # (n, T + 1)
+    w = ids[idx].astype(np.int64)
+    return w[:, :-1], w[:, 1:]
+
+
+def windows_nats_per_char(model, x, y, token_lengths, batch_size=32):
+    """The model's loss on windows ``(x, y)``, ``(n, T)`` each, in nats per character of the
+    tokens predicted: N·L / n, with ``token_lengths[v]`` the bytes of token v."""
+    per_token = evaluate_loss(model, x, y, batch_size)
+    return float(per_token * y.size / np.asarray(token_lengths)[y].sum())
 
 
 def prepare(vocab_size, documents=None):
