@@ -2,7 +2,7 @@
 
     python -m tformer bench [--sizes small,medium,large] [--rounds 3] [--steps 10] [--min-time 2]
                             [--threads N]
-                            [--gen-batches 1,8] [--gen-new 256] [--out book/data/bench.json]
+                            [--gen-batches 1,8] [--gen-new 256] [--out book/data/bench_intel.json]
 
 **Training**: one TinyGPT training step (``training.py``) at each size, tformer and PyTorch, each
 in its own fresh subprocess; the median of ``--steps`` steps after ``--warmup`` (more steps
@@ -23,8 +23,15 @@ are removed from the workers' environment, and each library takes its own defaul
 PyTorch: every core), which is what a user gets. ``--threads N`` sets all of them, and
 ``torch.set_num_threads``, to N. Each side reports the thread count it ran with.
 
-The result, with the command line, the commit, the machine, the date and the load, is written
-atomically to ``--out`` (default ``book/data/bench.json``, which the Performance chapter reads).
+**The per-core bound**: with n threads, one thread's part of the batch (B/n sequences) also runs
+alone on one core. If PyTorch's whole step is faster than that part, no way of sharing the work
+between the threads can catch up. **The GEMM library** (``gemm_shapes.py``): every product of the
+step's linear layers in NumPy's BLAS and in PyTorch's, one thread each.
+
+The result, with the command line, the commit, the machine (the CPU's vendor, family, model and
+vector width: ``tformer.experiments.cpu``), the date and the load, is written atomically to
+``--out`` (default ``book/data/bench_<vendor>.json``, e.g. ``bench_intel.json``, one per CPU vendor;
+the Performance chapter reads each).
 """
 import json
 import os
@@ -34,13 +41,20 @@ import sys
 import time
 from pathlib import Path
 
-from ..experiments import provenance
+from ..experiments import cpu, provenance
 from ..atomic import write_json
-from . import training
+from . import gemm_shapes, training
 from .training import MALLOC_TUNED, SIZES, TARGET_PEAK, TARGET_RATIO, VOCAB
 
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_OUT = ROOT / "book" / "data" / "bench.json"
+DATA = ROOT / "book" / "data"
+
+
+def default_out(vendor):
+    """``book/data/bench_<vendor>.json``: one result per CPU vendor (``bench_intel.json``,
+    ``bench_amd.json``), so that a run on one kind of machine never replaces the other's."""
+    name = "".join(ch for ch in (vendor or "unknown").lower() if ch.isalnum()) or "unknown"
+    return DATA / f"bench_{name}.json"
 THREAD_VARIABLES = ("TFORMER_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 TARGET_CACHE_SPEEDUP = 5.0
 
@@ -68,7 +82,9 @@ def add_arguments(p):
     p.add_argument("--gen-reps", type=int, default=3,
                    help="timed generations per cached side and round (without the cache: one)")
     p.add_argument("--no-torch", action="store_true", help="tformer alone")
-    p.add_argument("--out", default=str(DEFAULT_OUT), help="the JSON file to write")
+    p.add_argument("--out", default=None,
+                   help="the JSON file to write (default: book/data/bench_<CPU vendor>.json, "
+                        "e.g. bench_intel.json)")
 
 
 # --- workers: one fresh subprocess per measurement ----------------------------------------------
@@ -81,7 +97,10 @@ def worker_main(spec):
         return training.worker_gemm(a["threads"])
     if kind == "train-tformer":
         return training.worker_tformer(a["size"], a["warmup"], a["steps"], a["threads"],
-                                       profile=a["profile"], min_time=a.get("min_time", 0.0))
+                                       profile=a["profile"], min_time=a.get("min_time", 0.0),
+                                       B=a.get("B"))
+    if kind == "gemm-shapes":
+        return gemm_shapes.worker(a["library"], a["size"])
     if kind == "train-torch":
         return training.worker_torch(a["size"], a["warmup"], a["steps"], a["threads"],
                                      min_time=a.get("min_time", 0.0))
@@ -150,6 +169,18 @@ def measure_training(size, a, r, use_torch, peak, flops):
                                     flops, peak)
     if use_torch:
         row["ratio"] = row["torch"]["median_s"] / row["tformer"]["median_s"]
+    n = row["tformer"]["tformer_threads"]
+    if use_torch and n > 1:
+        # One thread's part of the batch, alone on one core: the step n perfectly independent
+        # cores would take. Where PyTorch beats even this, no way of sharing the work between
+        # threads can catch up; only less work per core can.
+        B = SIZES[size]["B"]
+        part = B - B * (n - 1) // n                       # the largest of batch_threads.parts(B, n)
+        row["tformer_part"] = summarise_train(
+            run_worker("train-tformer", 1, a.malloc, **args, profile=False, B=part),
+            flops * part / B, peak)
+        row["tformer_part"]["B"] = part
+        row["part_ratio"] = row["torch"]["median_s"] / row["tformer_part"]["median_s"]
     return row
 
 
@@ -185,6 +216,10 @@ def summary(results):
         if "ratio" in rounds[0]:
             s["ratios"] = [rr["ratio"] for rr in rounds]
             s["ratio"] = statistics.median(s["ratios"])
+        if "part_ratio" in rounds[0]:
+            s["part_ratios"] = [rr["part_ratio"] for rr in rounds]
+            s["tformer_part"] = {k: statistics.median(rr["tformer_part"][k] for rr in rounds)
+                                 for k in ("median_s", "B")}
         out["training"][size] = s
     for B, row in results["generation"].items():
         rounds = row["rounds"]
@@ -200,13 +235,21 @@ def summary(results):
 
 
 def verdict(results):
-    """One line per target of issue 16 (and the GEMM-peak target): met in every round, or not."""
+    """One line per target (torch/tformer ≥ 1 in every round, the large step's share of the GEMM
+    peak, the KV cache's speed-up, generation ≥ 1): met in every round, or not. And, for each
+    size, the ratio of one thread's part alone on one core: the most a split across threads
+    could give."""
     lines, summ = [], results["summary"]
     for size, s in summ["training"].items():
         if "ratios" in s:
             ok = min(s["ratios"]) >= TARGET_RATIO
             lines.append(f"training, {size}: torch/tformer = " + ", ".join(f"{x:.3f}" for x in s["ratios"])
                          + f" ({'≥' if ok else 'NOT ≥'} {TARGET_RATIO} in every round)")
+    for size, s in summ["training"].items():
+        if "part_ratios" in s:
+            lines.append(f"training, {size}: torch/(one part on one core) = "
+                         + ", ".join(f"{x:.3f}" for x in s["part_ratios"])
+                         + " (the most any split across threads could reach)")
     if "large" in summ["training"]:
         f = summ["training"]["large"]["tformer"]["frac_peak"]
         lines.append(f"training, large: tformer at {f:.0%} of the GEMM peak "
@@ -260,6 +303,9 @@ def main(a):
         print("PyTorch is not installed (pip install torch==2.13.0, the CPU build): tformer alone.")
     t_start = time.perf_counter()
     rec = provenance.record("bench")
+    if a.out is None:
+        a.out = str(default_out(rec["machine"].get("vendor")))
+    print(f"CPU: {cpu.label(rec['machine'])}", flush=True)
     results = dict(command=rec["command"], commit=rec["commit"], dirty=rec["dirty"],
                    date=rec["date"], machine=machine(), threads=a.threads or "default", malloc=a.malloc, rounds=a.rounds,
                    steps=a.steps, min_time=a.min_time, warmup=a.warmup,
@@ -271,6 +317,14 @@ def main(a):
     results["gemm"] = gemm
     print(f"float32 GEMM peak (NumPy's BLAS, {gemm['threads']} threads): {peak:.1f} GFLOP/s; "
           f"load average {os.getloadavg()[0]:.2f}", flush=True)
+    if use_torch:
+        results["gemm_libraries"] = {size: {lib: run_worker("gemm-shapes", 1, a.malloc, library=lib,
+                                                            size=size)
+                                            for lib in ("numpy", "torch")} for size in sizes}
+        for size, libs in results["gemm_libraries"].items():
+            print(f"linear products of a {size} step, one thread: "
+                  + ", ".join(f"{x['blas']} {x['step_s'] * 1e3:.1f} ms ({x['gflops']:.0f} GFLOP/s)"
+                              for x in libs.values()), flush=True)
     results["training"] = {}
     for size in sizes:
         s = SIZES[size]
@@ -304,6 +358,9 @@ def _train_line(size, r, row):
             parts.append(f"{side} {x['median_s'] * 1e3:7.1f} ms {x['peak_mb']:5.0f} MB")
     if "ratio" in row:
         parts.append(f"ratio {row['ratio']:.3f}")
+    if "part_ratio" in row:
+        parts.append(f"(one part, B = {row['tformer_part']['B']}, on one core: "
+                     f"{row['tformer_part']['median_s'] * 1e3:.1f} ms, ratio {row['part_ratio']:.3f})")
     return "  ".join(parts)
 
 

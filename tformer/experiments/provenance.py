@@ -14,6 +14,8 @@ import shlex
 import subprocess
 import sys
 
+from . import cpu
+
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # tformer/
 ROOT = os.path.dirname(PACKAGE)                   # the checkout that holds tformer/, if it is one
 
@@ -45,14 +47,10 @@ def git_commit(root=ROOT):
 
 
 def machine():
-    """The CPU model, its cache sizes (as Linux reports them for CPU 0), the cores, the platform
-    and the versions of Python and NumPy."""
-    info = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            info["cpu"] = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        info["cpu"] = platform.processor() or None
+    """The CPU (``tformer.experiments.cpu.identify``: model name, vendor, family and model,
+    microarchitecture, vector width), its cache sizes (as Linux reports them for CPU 0), the
+    cores, the platform and the versions of Python and NumPy."""
+    info = cpu.identify()
     base = "/sys/devices/system/cpu/cpu0/cache"
     for idx in sorted(os.listdir(base)) if os.path.isdir(base) else []:
         try:
