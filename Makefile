@@ -21,7 +21,7 @@
 #   make torch       install the test set (requirements-test.txt: the PyTorch CPU build and the rest)
 #   make run         run each source system: python -m tformer run SYSTEM (SYSTEMS="...")
 #   make bench       python -m tformer bench: training and generation against PyTorch, written
-#                    to book/data/bench.json (chapter 20 reads it); BENCH_FLAGS="..." adds flags
+#                    to book/data/bench_<CPU vendor>.json (chapter 20 reads each); BENCH_FLAGS adds flags
 #   make clean       remove _build and caches (keeps .venv)
 
 SHELL := bash

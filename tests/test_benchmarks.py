@@ -264,7 +264,9 @@ def test_bench_times_one_part_alone_when_it_cuts_the_batch(tmp_path):
     res = json.loads(out.read_text())
     row = res["training"]["small"]["rounds"][0]
     assert row["tformer"]["tformer_threads"] == 2 and row["tformer_part"]["B"] == 16
-    assert row["part_ratio"] == row["torch"]["median_s"] / row["tformer_part"]["median_s"]
+    part = row["tformer_part"]
+    assert 0 < part["update_s"] and part["bound_s"] == part["median_s"] - part["update_s"] / 2
+    assert row["part_ratio"] == row["torch"]["median_s"] / part["bound_s"]
     assert any("one part on one core" in line for line in res["verdict"])
 
 
