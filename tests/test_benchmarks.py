@@ -112,6 +112,13 @@ def test_from_tinygpt_rejects_dropout():
 
 # --- profile.py ----------------------------------------------------------------------------------
 
+def test_profile_groups_the_untimed_rest_apart_from_the_layers_glue():
+    prof = _load("op_profile")
+    rows = [("Linear.forward (glue)", 2.0, 1, 0.2), ("(untimed: step body)", 1.0, 1, 0.1),
+            ("linear_forward", 7.0, 1, 0.7)]
+    assert prof.group(rows) == {"linear": 7.0, "glue": 2.0, "untimed": 1.0}
+
+
 def test_profile_covers_the_step_and_restores_every_patched_function():
     prof = _load("op_profile")
     from tformer import attention, layers, optim
