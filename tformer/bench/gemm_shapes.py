@@ -10,8 +10,7 @@ each timed as the kernels run it (the transposes are views, never copies). The s
 layers, at each library's rate, is what the linear layers would cost with that library and
 nothing else changed: the most that changing the library can give.
 """
-import time
-
+from ..experiments.timing import best_seconds
 from .flops import gemm_flops
 from .workload import SIZES, VOCAB
 
@@ -24,16 +23,6 @@ def linear_shapes(size):
     layers = [("W_qkv", L, C, 3 * C), ("W_o", L, C, C), ("W_1", L, C, 4 * C), ("W_2", L, 4 * C, C),
               ("W_lm", 1, C, VOCAB)]
     return layers, s["B"] * s["T"]
-
-
-def _best(fn, reps):
-    fn()
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def worker(library, size, reps=5):
@@ -72,7 +61,7 @@ def worker(library, size, reps=5):
         x = rng.standard_normal((N, c_in), dtype=np.float32)
         W = rng.standard_normal((c_in, c_out), dtype=np.float32)
         dy = rng.standard_normal((N, c_out), dtype=np.float32)
-        out[name] = {k: _best(fn, reps) for k, fn in products(x, W, dy).items()}
+        out[name] = {k: best_seconds(fn, reps) for k, fn in products(x, W, dy).items()}
         step_s += count * sum(out[name].values())
         step_flops += count * 3 * gemm_flops(N, c_in, c_out)
     return dict(layers=out, step_s=step_s, gflops=step_flops / step_s / 1e9, blas=blas)

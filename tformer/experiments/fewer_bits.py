@@ -40,7 +40,7 @@ from ..train import train
 from ..runs import tinygpt
 from ..runs.quantize_cmd import float32_weights_bytes, val_bpb
 from ..runs.flags import positive_int
-from .timing import interleaved
+from .timing import best_seconds as _time, interleaved
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 DEFAULT_OUT = "book/data/fewer_bits.json"
@@ -167,16 +167,6 @@ def step_times(argsets, rounds, steps):
                         rounds)
     times = {name: [t / steps for t in ts] for name, ts in times.items()}      # per step
     return {name: {"median_s": statistics.median(ts), "rounds_s": ts} for name, ts in times.items()}
-
-
-def _time(fn, repeat=5):
-    fn()
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
 
 
 def kernel_costs(N=4096, K=128, M=512, seed=0):
