@@ -274,6 +274,8 @@ def test_bench_times_one_part_alone_when_it_cuts_the_batch(tmp_path):
     part = row["tformer_part"]
     assert 0 < part["update_s"] and part["bound_s"] == part["median_s"] - part["update_s"] / 2
     assert row["part_ratio"] == row["torch"]["median_s"] / part["bound_s"]
+    assert row["processes_ratio"] == row["torch"]["median_s"] / part["processes_s"]
+    assert any("processes side by side" in line for line in res["verdict"])
     assert any("one part on one core" in line for line in res["verdict"])
 
 

@@ -27,7 +27,8 @@ PyTorch: every core), which is what a user gets. ``--threads N`` sets all of the
 alone on one core; less (1 − 1/n) of its parameter update (AdamW and ``zero_grad``, from its
 profile, which n threads share), it is the step n perfectly independent cores would take. If
 PyTorch's whole step is faster than that, no way of sharing the work between the threads can
-catch up. **The GEMM library** (``gemm_shapes.py``): every product of the
+catch up. The n parts are also run side by side, each in a process of its own: the cost of the
+cores sharing memory and caches, without the interpreter lock (GIL) that threads share. **The GEMM library** (``gemm_shapes.py``): every product of the
 step's linear layers in NumPy's BLAS and in PyTorch's, one thread each.
 
 The result, with the command line, the commit, the machine (the CPU's vendor, family, model and
@@ -143,6 +144,20 @@ def run_worker(kind, threads, malloc="default", **args):
     return res
 
 
+def run_workers_together(n, kind, threads, malloc="default", **args):
+    """``n`` copies of one tformer worker (``run_worker``), started together so that they run side
+    by side, each in its own process; their results."""
+    spec = json.dumps({"kind": kind, "args": dict(args, threads=threads)})
+    procs = [subprocess.Popen([sys.executable, "-m", "tformer.bench.run", "--worker", spec],
+                              env=worker_env(threads, "tformer", malloc), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(n)]
+    outs = [p.communicate() for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        if p.returncode != 0:
+            raise RuntimeError(f"worker {kind} {args} failed:\n{err[-3000:]}")
+    return [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+
+
 # --- the measurements ----------------------------------------------------------------------------
 
 def summarise_train(side, flops, peak):
@@ -184,8 +199,13 @@ def measure_training(size, a, r, use_torch, peak, flops):
         cats = x["profile"]["categories"]
         update_s = (cats.get("AdamW", 0.0) + cats.get("zero_grad", 0.0)) / 1e3
         x.update(B=part, update_s=update_s, bound_s=x["median_s"] - (1 - 1 / n) * update_s)
+        # The n parts side by side, each in a process of its own: what the cores cost each other
+        # (memory, caches) without the GIL that n threads of one process share.
+        side = run_workers_together(n, "train-tformer", 1, a.malloc, **args, profile=False, B=part)
+        x["processes_s"] = max(statistics.median(w["times"]) for w in side) - (1 - 1 / n) * update_s
         row["tformer_part"] = x
         row["part_ratio"] = row["torch"]["median_s"] / x["bound_s"]
+        row["processes_ratio"] = row["torch"]["median_s"] / x["processes_s"]
     return row
 
 
@@ -223,8 +243,9 @@ def summary(results):
             s["ratio"] = statistics.median(s["ratios"])
         if "part_ratio" in rounds[0]:
             s["part_ratios"] = [rr["part_ratio"] for rr in rounds]
+            s["processes_ratios"] = [rr["processes_ratio"] for rr in rounds]
             s["tformer_part"] = {k: statistics.median(rr["tformer_part"][k] for rr in rounds)
-                                 for k in ("median_s", "bound_s", "update_s", "B")}
+                                 for k in ("median_s", "bound_s", "processes_s", "update_s", "B")}
         out["training"][size] = s
     for B, row in results["generation"].items():
         rounds = row["rounds"]
@@ -255,6 +276,9 @@ def verdict(results):
             lines.append(f"training, {size}: torch/(one part on one core) = "
                          + ", ".join(f"{x:.3f}" for x in s["part_ratios"])
                          + " (the most any split across threads could reach)")
+            lines.append(f"training, {size}: torch/(the parts in processes side by side) = "
+                         + ", ".join(f"{x:.3f}" for x in s["processes_ratios"])
+                         + " (the same without the GIL)")
     if "large" in summ["training"]:
         f = summ["training"]["large"]["tformer"]["frac_peak"]
         lines.append(f"training, large: tformer at {f:.0%} of the GEMM peak "
@@ -367,7 +391,8 @@ def _train_line(size, r, row):
         x = row["tformer_part"]
         parts.append(f"(one part, B = {x['B']}, on one core: {x['median_s'] * 1e3:.1f} ms, "
                      f"{x['bound_s'] * 1e3:.1f} ms with 1/n of the update: "
-                     f"ratio {row['part_ratio']:.3f})")
+                     f"ratio {row['part_ratio']:.3f}; the parts in processes side by side: "
+                     f"{x['processes_s'] * 1e3:.1f} ms, ratio {row['processes_ratio']:.3f})")
     return "  ".join(parts)
 
 
