@@ -28,8 +28,9 @@ alone on one core; less (1 − 1/n) of its parameter update (AdamW and ``zero_gr
 profile, which n threads share), it is the step n perfectly independent cores would take. If
 PyTorch's whole step is faster than that, no way of sharing the work between the threads can
 catch up. The n parts are also run side by side, each in a process of its own: the cost of the
-cores sharing memory and caches, without the interpreter lock (GIL) that threads share. **The GEMM library** (``gemm_shapes.py``): every product of the
-step's linear layers in NumPy's BLAS and in PyTorch's, one thread each.
+cores sharing memory and caches, without the interpreter lock (GIL) that threads share.
+**The GEMM library** (``gemm_shapes.py``): every product of the step's linear layers in NumPy's
+BLAS and in PyTorch's, one thread each.
 
 The result, with the command line, the commit, the machine (the CPU's vendor, family, model and
 vector width: ``tformer.experiments.cpu``), the date and the load, is written atomically to
@@ -58,6 +59,8 @@ def default_out(vendor):
     ``bench_amd.json``), so that a run on one kind of machine never replaces the other's."""
     name = "".join(ch for ch in (vendor or "unknown").lower() if ch.isalnum()) or "unknown"
     return DATA / f"bench_{name}.json"
+
+
 THREAD_VARIABLES = ("TFORMER_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 TARGET_CACHE_SPEEDUP = 5.0
 
@@ -263,8 +266,8 @@ def summary(results):
 def verdict(results):
     """One line per target (torch/tformer ≥ 1 in every round, the large step's share of the GEMM
     peak, the KV cache's speed-up, generation ≥ 1): met in every round, or not. And, for each
-    size, the ratio of one thread's part alone on one core: the most a split across threads
-    could give."""
+    size, the ratio of one thread's part alone on one core (the most a split across threads
+    could give) and of the parts side by side in processes (the same without the GIL)."""
     lines, summ = [], results["summary"]
     for size, s in summ["training"].items():
         if "ratios" in s:
