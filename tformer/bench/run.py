@@ -135,24 +135,19 @@ def worker_env(threads, side, malloc="default"):
 
 def run_worker(kind, threads, malloc="default", **args):
     """``worker_main`` of ``{kind, args}`` in a fresh Python; the result, with the load around it."""
-    spec = json.dumps({"kind": kind, "args": dict(args, threads=threads)})
-    side = "torch" if kind.endswith("torch") else "tformer"
     load0 = os.getloadavg()[0]
-    out = subprocess.run([sys.executable, "-m", "tformer.bench.run", "--worker", spec],
-                         env=worker_env(threads, side, malloc), capture_output=True, text=True)
-    if out.returncode != 0:
-        raise RuntimeError(f"worker {kind} {args} failed:\n{out.stderr[-3000:]}")
-    res = json.loads(out.stdout.strip().splitlines()[-1])
+    res = run_workers_together(1, kind, threads, malloc, **args)[0]
     res["loadavg_1min"] = [load0, os.getloadavg()[0]]
     return res
 
 
 def run_workers_together(n, kind, threads, malloc="default", **args):
-    """``n`` copies of one tformer worker (``run_worker``), started together so that they run side
-    by side, each in its own process; their results."""
+    """``n`` copies of one worker, started together so that they run side by side, each in a
+    fresh Python of its own; their results."""
     spec = json.dumps({"kind": kind, "args": dict(args, threads=threads)})
+    side = "torch" if kind.endswith("torch") else "tformer"
     procs = [subprocess.Popen([sys.executable, "-m", "tformer.bench.run", "--worker", spec],
-                              env=worker_env(threads, "tformer", malloc), stdout=subprocess.PIPE,
+                              env=worker_env(threads, side, malloc), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(n)]
     outs = [p.communicate() for p in procs]
     for p, (_, err) in zip(procs, outs):
@@ -204,8 +199,10 @@ def measure_training(size, a, r, use_torch, peak, flops):
         x.update(B=part, update_s=update_s, bound_s=x["median_s"] - (1 - 1 / n) * update_s)
         # The n parts side by side, each in a process of its own: what the cores cost each other
         # (memory, caches) without the GIL that n threads of one process share.
-        side = run_workers_together(n, "train-tformer", 1, a.malloc, **args, profile=False, B=part)
-        x["processes_s"] = max(statistics.median(w["times"]) for w in side) - (1 - 1 / n) * update_s
+        together = run_workers_together(n, "train-tformer", 1, a.malloc, **args, profile=False,
+                                        B=part)
+        x["processes_s"] = (max(statistics.median(w["times"]) for w in together)
+                            - (1 - 1 / n) * update_s)
         row["tformer_part"] = x
         row["part_ratio"] = row["torch"]["median_s"] / x["bound_s"]
         row["processes_ratio"] = row["torch"]["median_s"] / x["processes_s"]
