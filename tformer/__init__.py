@@ -10,7 +10,7 @@ The package map, bottom to top. A module imports only from its own row or the ro
   → ``fast/`` (the same equations made fast: threads, buffers, float16/bfloat16, causal tiles;
   what the layers call) → ``functional`` (``F``: arguments checked once, then the fast version) →
   ``layers``, ``attention``, ``blocks``, ``modern_layers``, ``lora`` → ``models/`` (the systems).
-- **training**: ``optim``, ``schedules``, ``train`` (the one loop), ``checkpoint``, ``runlog``,
+- **training**: ``optim``, ``muon`` (Muon, and Muon + AdamW as one optimizer), ``schedules``, ``train`` (the one loop), ``checkpoint``, ``runlog``,
   ``lora_file``, ``dpo``.
 - **scaling** (``scaling/``): ``recompute`` (gradient checkpointing), ``batch_threads`` (a
   training batch cut across threads), ``precision`` (mixed precision), ``quantize`` (int8),
