@@ -10,8 +10,8 @@ The package map, bottom to top. A module imports only from its own row or the ro
   → ``fast/`` (the same equations made fast: threads, buffers, float16/bfloat16, causal tiles;
   what the layers call) → ``functional`` (``F``: arguments checked once, then the fast version) →
   ``layers``, ``attention``, ``blocks``, ``modern_layers``, ``lora`` → ``models/`` (the systems).
-- **training**: ``optim``, ``muon`` (Muon, and Muon + AdamW as one optimizer), ``schedules``, ``train`` (the one loop), ``checkpoint``, ``runlog``,
-  ``lora_file``, ``dpo``.
+- **training**: ``optim``, ``muon`` (Muon, and Muon + AdamW as one optimizer), ``schedules``,
+  ``train`` (the one loop), ``checkpoint``, ``runlog``, ``lora_file``, ``dpo``.
 - **scaling** (``scaling/``): ``recompute`` (gradient checkpointing), ``batch_threads`` (a
   training batch cut across threads), ``precision`` (mixed precision), ``quantize`` (int8),
   ``mpi`` (data parallelism across processes), ``zero`` (ZeRO-1), ``step_memory`` (a step's
