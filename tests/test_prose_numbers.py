@@ -40,6 +40,13 @@ NOT_MEASURED = {
 
 # (notebook, number as printed): why it is typed. Constants of papers and of the sources.
 ALLOWED = {
+    ("22_fewer_bits", "127"): "int8's largest magnitude (QMAX), a constant of the scheme",
+    ("21_fitting_in_memory", "1.70"): "exercise 3: a prediction of the memory equations at T = 4096",
+    ("21_fitting_in_memory", "0.76"): "exercise 3: a prediction of the memory equations at T = 4096",
+    ("21_fitting_in_memory", "10.7"): "exercise 3: a prediction of the memory equations at T = 4096",
+    ("23_many_processes", "669,056"): "TinyGPT's parameter count, the architecture's (exercise 1)",
+    ("30_shakespeare", "1.88"): "nanoGPT's README: the loss it reports for its CPU recipe",
+    ("30_shakespeare", "2.09"): "exercise 2: passes over the training text, 500·64·64 / its bytes",
 }
 
 NUMBER = re.compile(r"(?<![\w.,^{])(\d{1,3}(?:,\d{3})+|\d+)(?:\.(\d+))?(?![\w.]\d)")

@@ -49,6 +49,8 @@ def test_20_2_share_of_the_score_matrix_the_causal_tiles_compute():
     assert sp.Rational(computed(256, 16), 256**2) == sp.Rational(17, 32)
     assert sp.Rational(computed(1024, 64), 1024**2) == sp.Rational(17, 32)
     assert sp.Rational(computed(1024, 16), 1024**2) == sp.Rational(65, 128)
+    # going from t = 64 to t = 16 at T = 1024 saves 3/128 of T²
+    assert sp.Rational(17, 32) - sp.Rational(65, 128) == sp.Rational(3, 128)
     # the number of tiles, and so of calls, grows as T / t
     assert 1024 // 16 == 4 * (1024 // 64)
 
@@ -56,9 +58,11 @@ def test_20_2_share_of_the_score_matrix_the_causal_tiles_compute():
 def test_20_3_amdahl_bound_of_two_blas_threads():
     s = sp.Symbol("s", positive=True)        # the share of the step in BLAS products
     speedup = 1 / ((1 - s) + s / 2)
+    assert sp.simplify(speedup - 2 / (2 - s)) == 0
     assert sp.simplify(speedup.subs(s, 1) - 2) == 0 and speedup.subs(s, 0) == 1
-    assert abs(float(speedup.subs(s, sp.Rational(53, 100))) - 1.36) < 0.005
-    assert abs(float(speedup.subs(s, sp.Rational(2, 3))) - 1.5) < 1e-12
+    # it grows with s: below 4/3 while the products are less than half of the step
+    assert sp.simplify(sp.diff(speedup, s) - 2 / (2 - s) ** 2) == 0
+    assert speedup.subs(s, sp.Rational(1, 2)) == sp.Rational(4, 3)
 
 
 def test_20_4_three_parts_on_two_cores():
@@ -71,7 +75,7 @@ def test_20_4_three_parts_on_two_cores():
     best = min(max(sum(sizes[i] for i in g), sum(sizes) - sum(sizes[i] for i in g))
                for g in ([0], [1], [2]))
     assert best == 21
-    assert sp.Rational(best, 16) == sp.Rational(21, 16)        # ≥ 1.31× the two-part time
+    assert sp.Rational(best, 16) == sp.Rational(21, 16)        # 21/16 of the two-part time
 
 
 # --- Fitting in memory ------------------------------------------------------------------------
@@ -191,11 +195,13 @@ def test_22_2_headroom_of_the_loss_scale():
     gpt.zero_grad()
     gpt.backward(dlogits)
     g_max = float(np.abs(gpt.flat_buffers()[1]).max())
-    assert abs(g_max - 0.561) < 0.002
     S_max = 65504 / g_max
-    assert 116_000 < S_max < 117_500
-    assert abs(math.log2(S_max / 2**16) - 0.83) < 0.01      # less than one binade of headroom
-    assert 15 < float(np.abs(dlogits).max()) * 2**16 < 17          # the loss gradients: ~16
+    assert 0 < math.log2(S_max / 2**16) < 1                 # less than one binade of headroom
+    assert S_max < 2**17                                    # one more doubling overflows
+    # exercise 1: with S = 1 the largest gradient is below 1, far below 65504
+    assert g_max < 1
+    # the loss gradients, times 2^16: more than ten binades below float16's largest number
+    assert math.log2(65504 / (float(np.abs(dlogits).max()) * 2**16)) > 10
 
 
 def test_22_3_per_tensor_step_error_ratio():
