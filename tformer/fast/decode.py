@@ -3,8 +3,9 @@
 Generating one token for ``B`` sequences works on rows of ``C`` numbers: every product
 is a matrix-vector product, and the fixed cost of each call (argument checks, views,
 closures, the thread pool's bookkeeping) outweighs the arithmetic. A step through the
-general layers makes about 1,350 function calls per token at 4 layers (cProfile); these
-make the same NumPy calls on the same arrays, in the same order, and little else (245), through
+general layers makes several times the function calls of these (the chapter "Performance"
+counts both with cProfile), which make the same NumPy calls on the same arrays, in the same
+order, and little else, through
 the same row functions as the kernels (``fast.layernorm``, ``fast.linear``,
 ``fast.activations``, ``fast.softmax``) and the cache's own ``append``:
 
