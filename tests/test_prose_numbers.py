@@ -46,6 +46,12 @@ ALLOWED = {
     ("21_fitting_in_memory", "10.7"): "exercise 3: a prediction of the memory equations at T = 4096",
     ("23_many_processes", "669,056"): "TinyGPT's parameter count, the architecture's (exercise 1)",
     ("30_shakespeare", "1.88"): "nanoGPT's README: the loss it reports for its CPU recipe",
+    ("32_lora", "3,072"): "exercise 3: trained numbers r·Σ(C_in + C_out), arithmetic on the shapes",
+    ("32_lora", "9,472"): "exercise 3: trained numbers r·Σ(C_in + C_out), arithmetic on the shapes",
+    ("32_lora", "0.36"): "exercise 3's own run (tests/test_solutions_writing.py::test_32_3)",
+    ("32_lora", "0.15"): "exercise 3's own run (tests/test_solutions_writing.py::test_32_3)",
+    ("32_lora", "0.21"): "exercise 3's own run (tests/test_solutions_writing.py::test_32_3)",
+    ("35_preference", "95"): "the confidence level of the intervals",
     ("30_shakespeare", "2.09"): "exercise 2: passes over the training text, 500·64·64 / its bytes",
 }
 

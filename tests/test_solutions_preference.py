@@ -10,6 +10,7 @@ import sympy as sp
 
 from tformer.data import meter
 from tformer.dpo import dpo_backward, dpo_forward
+from tformer.experiments.preference import wilson
 from tformer.kernels.losses import log_softmax
 
 DATA = Path(__file__).resolve().parents[1] / "book" / "data"
@@ -64,6 +65,13 @@ def test_35_4_best_of_n_falls_below_the_alike_prompts_formula():
     measured = [base["best_of"][str(n)] for n in (2, 4, 8)]
     assert [round(m, 2) for m in measured] == [0.39, 0.56, 0.80]
     assert all(m < formula[n] for m, n in zip(measured, (2, 4, 8)))
+    # with the 95 % Wilson interval of each measured rate over its prompts, one per prompt:
+    # the formula inside it at n = 2, above it at n = 4 and 8
+    prompts = json.loads((DATA / "preference.json").read_text())["config"]["eval_prompts"]
+    intervals = [wilson(m * prompts, prompts) for m in measured]
+    inside = [lo <= formula[n] <= hi for (lo, hi), n in zip(intervals, (2, 4, 8))]
+    above = [formula[n] > hi for (_, hi), n in zip(intervals, (2, 4, 8))]
+    assert inside == [True, False, False] and above == [False, True, True]
 
 
 def test_35_5_sonnet_18_s_second_line_breaks_the_rule_for_unstressed_syllables():
