@@ -39,21 +39,24 @@ NOT_MEASURED = {
 }
 
 # (notebook, number as printed): why it is typed. Constants of papers and of the sources.
-ALLOWED = {
-    ("22_fewer_bits", "127"): "int8's largest magnitude (QMAX), a constant of the scheme",
-    ("21_fitting_in_memory", "1.70"): "exercise 3: a prediction of the memory equations at T = 4096",
-    ("21_fitting_in_memory", "0.76"): "exercise 3: a prediction of the memory equations at T = 4096",
-    ("21_fitting_in_memory", "10.7"): "exercise 3: a prediction of the memory equations at T = 4096",
-    ("23_many_processes", "669,056"): "TinyGPT's parameter count, the architecture's (exercise 1)",
-    ("30_shakespeare", "1.88"): "nanoGPT's README: the loss it reports for its CPU recipe",
-    ("32_lora", "3,072"): "exercise 3: trained numbers r·Σ(C_in + C_out), arithmetic on the shapes",
-    ("32_lora", "9,472"): "exercise 3: trained numbers r·Σ(C_in + C_out), arithmetic on the shapes",
-    ("32_lora", "0.36"): "exercise 3's own run (tests/test_solutions_writing.py::test_32_3)",
-    ("32_lora", "0.15"): "exercise 3's own run (tests/test_solutions_writing.py::test_32_3)",
-    ("32_lora", "0.21"): "exercise 3's own run (tests/test_solutions_writing.py::test_32_3)",
-    ("35_preference", "95"): "the confidence level of the intervals",
-    ("30_shakespeare", "2.09"): "exercise 2: passes over the training text, 500·64·64 / its bytes",
-}
+# (notebook, the numbers as printed, why they are typed): constants of papers, of the sources and of
+# a scheme, and the givens and worked answers of exercises (each checked by its solution test).
+_ALLOWED_GROUPS = [
+    ("21_fitting_in_memory", "1.70 0.76 10.7", "exercise 3: the memory equations' prediction at T = 4096"),
+    ("22_fewer_bits", "127", "int8's largest magnitude (QMAX), a constant of the scheme"),
+    ("23_many_processes", "669,056", "TinyGPT's parameter count, the architecture's (exercise 1)"),
+    ("30_shakespeare", "1.88", "nanoGPT's README: the loss it reports for its CPU recipe"),
+    ("30_shakespeare", "2.09", "exercise 2: passes over the training text, 500·64·64 / its bytes"),
+    ("31_bpe", "3.00 145", "exercises 3 and 4: worked answers (test_31_3, test_31_4)"),
+    ("32_lora", "3,072 9,472", "exercise 3: trained numbers r·Σ(C_in + C_out), arithmetic on shapes"),
+    ("32_lora", "0.36 0.15 0.21", "exercise 3's own run (test_solutions_writing.py::test_32_3)"),
+    ("34_decoding", "3.8", "Leviathan et al.'s Theorem 3.8 (and exercise 1's given logit gap)"),
+    ("34_decoding", "3.0 1.0 1.5 0.35 0.25 3.454 2.0 2.8 0.75 1.564 1.583 1.58 3.33 0.1333",
+     "exercises' givens and worked answers (tests/test_solutions_decoding.py); τ = 1.5 a setting"),
+    ("34_decoding", "95", "the confidence level of the intervals"),
+    ("35_preference", "95", "the confidence level of the intervals"),
+]
+ALLOWED = {(nb, tok): why for nb, toks, why in _ALLOWED_GROUPS for tok in toks.split()}
 
 NUMBER = re.compile(r"(?<![\w.,^{])(\d{1,3}(?:,\d{3})+|\d+)(?:\.(\d+))?(?![\w.]\d)")
 PERCENT_AFTER = re.compile(r"^(?:\s*[–-]\s*[\d.,]+)?\s*%")

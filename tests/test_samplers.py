@@ -2,6 +2,10 @@
 limits (top_p = 1 and min_p = 0 keep everything, top_k = 1 and τ → 0 are greedy), their one order,
 clear errors, and every filter and their composition against Hugging Face transformers' logits
 processors in float64 (marked torch_parity: a skip fails the run, tests/conftest.py)."""
+import decimal
+import itertools
+from decimal import Decimal
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -43,6 +47,27 @@ def test_top_p_keeps_the_smallest_nucleus_of_mass_p(z, p):
         if not keep.all():
             assert prob[keep].min() >= prob[~keep].max()               # the most probable
             assert prob[keep].sum() - prob[keep].min() < p + 1e-12     # and no token more
+
+
+def test_top_p_near_one_keeps_the_exact_nucleus():
+    """At p = 1 − 1e-12 over 8192 tokens the tokens at the boundary are about 1e-15, as small as the
+    rounding of a running sum from the most probable token: a sum from the top keeps a token too
+    many or too few in about half of these rows. The filter must keep exactly the nucleus that
+    exact arithmetic keeps: the smallest prefix of the sorted tokens (ties by index) whose mass
+    reaches p, in Python's decimal at 60 digits, on the float64 softmax renormalised exactly."""
+    V, p = 8192, 1 - 1e-12
+    z = np.random.default_rng(0).standard_normal((300, V)) * 8
+    kept = np.isfinite(top_p_filter(z, p))
+    wrong = 0
+    with decimal.localcontext(prec=60):
+        for prob, keep in zip(softmax(z), kept):
+            order = np.argsort(-prob, kind="stable")
+            mass = list(map(Decimal, prob[order].tolist()))
+            limit = Decimal(p) * sum(mass)
+            before = itertools.accumulate(mass[:-1], initial=Decimal(0))   # Σ_{i<j} π_(i)
+            exact = np.array([b < limit for b in before])
+            wrong += not np.array_equal(keep[order], exact)
+    assert wrong == 0, f"{wrong} of {len(z)} rows differ from the exact nucleus"
 
 
 @PROFILE

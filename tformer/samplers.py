@@ -80,10 +80,14 @@ def top_p_filter(logits, p):
     """Nucleus filter: keep the smallest set of most probable tokens whose probability sums to ≥ p.
 
     With the tokens sorted by probability, π_(1) ≥ π_(2) ≥ …, token (j) is kept when the mass
-    before it, Σ_{i<j} π_(i), is below ``p``; so the most probable token is always kept, and the
-    others are set to −inf. Tokens of equal probability are sorted by index (the lower first), so
-    a tie across the boundary keeps the lower indices. Shapes: ``logits: (..., V)`` -> ``(..., V)``;
-    ``p`` in (0, 1], and ``p = 1`` keeps every token.
+    before it, Σ_{i<j} π_(i), is below ``p``, that is when the mass from it down,
+    t_j = Σ_{i≥j} π_(i), is above 1 − p of the total. t_j is summed from the least probable token
+    up: near p = 1 the tokens at the boundary can be as small as the rounding of a running sum
+    from the top (about 1e-16 per addition near 1), which would decide the boundary instead of
+    them. The most probable token is always kept, the others are set to −inf. Tokens of equal
+    probability are sorted by index (the lower first), so a tie across the boundary keeps the
+    lower indices. Shapes: ``logits: (..., V)`` -> ``(..., V)``; ``p`` in (0, 1], and ``p = 1``
+    keeps every token.
     """
     if not 0.0 < p <= 1.0:
         raise ValueError(f"p: expected a probability in (0, 1], got {p!r}")
@@ -92,8 +96,9 @@ def top_p_filter(logits, p):
     probs = _softmax(logits)                                                   # (..., V)
     order = np.argsort(-probs, axis=-1, kind="stable")                         # (..., V)
     sorted_p = np.take_along_axis(probs, order, axis=-1)
-    before = np.cumsum(sorted_p, axis=-1) - sorted_p                           # mass ahead of each
-    keep_sorted = before < p
+    tail = np.cumsum(sorted_p[..., ::-1], axis=-1)[..., ::-1]                  # t_j, smallest first
+    keep_sorted = tail > (1 - p) * tail[..., :1]                               # Σ_{i<j} π_(i) < p
+    keep_sorted[..., 0] = True                       # also where 1 − p rounds to 1
     keep = np.empty_like(keep_sorted)
     np.put_along_axis(keep, order, keep_sorted, axis=-1)
     return np.where(keep, logits, -np.inf)
