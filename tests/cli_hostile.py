@@ -14,8 +14,16 @@ what went wrong, one short signature each (empty: all is well):
   output of a successful run; a failed run leaves no new file; no temporary is left;
 - what must be refused is refused (a tokenizer of another run, limits the model sets).
 
+Every command of ``python -m tformer --help`` is drawn (issue 53): the first five with their own
+scenarios, the four small systems for real at tiny sizes, the experiments with their ``main``
+replaced by a stub (``DRY``: their work takes minutes to hours), so that what is drawn is all that
+runs before it. Each working folder (``work``) also holds a FIFO, symlinks and the repository's
+``book/data`` files, small; the outputs of the other commands are what they declare
+(``declared_writes``, ``tformer.runs.declare``): a write outside it is a problem.
+
 ``python tests/cli_hostile.py N [SEED]`` surveys N random invocations and prints the distinct
-problems (on fc00056, before issue 40: 46 distinct in 1500 invocations of seed 0).
+problems (on fc00056, before issue 40: 46 distinct in 1500 invocations of seed 0; on d2521ce,
+before issue 53, with this drawer: 9 distinct, 118 reports in 3000 of seed 0; after: none).
 """
 import contextlib
 import io
@@ -24,6 +32,7 @@ import os
 import random
 import shutil
 import signal
+import stat
 import sys
 import traceback
 
@@ -46,8 +55,12 @@ FILES = ["corpus.txt", "other.txt", "base.npz", "bpe.npz", "bpe.tokenizer.json",
          "tok-nomerges.json", "tok-badpattern.json", "tok-ints.json", "tok-deep.json",
          "pairs.jsonl", "bad.pairs.jsonl"]
 NEW = ["new.npz", "new2.npz", "out/new.json", "new.csv", "missing.npz", "corpus.txt/under.npz",
-       "/proc/tformer-hostile.npz"]
-PATHS = FILES + NEW
+       "/proc/tformer-hostile.npz", "nope/../new.json"]
+# Made in each working folder by ``work`` (a FIFO cannot be copied): a FIFO, a symlink to a file,
+# a symlink to nothing.
+SPECIAL = ["fifo", "link.npz", "dangling.json"]
+PATHS = FILES + NEW + SPECIAL + ["book/data/long_run_w8.npz", "book/data/long_run.json",
+                                 "book/data/long_run_tokenizer.json"]
 NUMBERS = ["0", "-1", "1", "2", "3", "abc", "", "nan", "inf", "1.5", "-0.5", "1e-3"]
 HUGE = "1000000000000"
 # Flags whose huge values a command must refuse (a limit from the model, the corpus or the
@@ -62,6 +75,64 @@ TEXT_VALUES = {"--temperatures": ["1", "abc", "nan", "-1", "", "0.5,1", ",", "in
 TOKENS = {"base.npz": "bytes", "int8.npz": "bytes", "lora.npz": "bytes", "bpe.npz": "bpe"}
 SKIP = {"-h", "--help", "--threads", "--no-progress", "--corpus"}
 TIMEOUT = 20
+# The other commands of ``python -m tformer --help``. The systems run for real at tiny sizes; the
+# experiments' work takes minutes to hours, so their ``main`` is replaced by a stub that writes
+# nothing (``DRY``): what is drawn is everything before it (the flags, the declared files, the
+# files' content that ``check_args`` reads).
+SYSTEMS = {
+    "run attention": ["--d-model", "4", "--seq-len", "4", "--batch-size", "2", "--steps", "2",
+                      "--eval-batches", "1"],
+    "run transformer2": ["--d-model", "4", "--seq-len", "4", "--batch-size", "2", "--steps", "2",
+                         "--eval-batches", "1"],
+    "run encoder": ["--n-train", "8", "--n-test", "4", "--batch-size", "4", "--d-model", "8",
+                    "--d-ff", "8", "--seq-len", "4", "--n-layers", "1", "--n-heads", "2",
+                    "--steps", "2", "--no-progress"],
+    "run transformer": ["--d-model", "8", "--n-heads", "2", "--n-layers", "1", "--d-ff", "8",
+                        "--max-len", "3", "--batch-size", "4", "--eval-every", "0", "--eval-size",
+                        "4", "--beam-width", "1", "--target", "0", "--no-progress", "--warmup",
+                        "1", "--steps", "2"],
+}
+DRY = ["many-processes", "fewer-bits", "online-softmax", "ablate", "memory", "shakespeare", "lora",
+       "scaling-sweep", "long-run", "decoding", "preference", "bench"]
+# Flags of those commands whose value is text, not a path.
+NOT_PATHS = {"--lora-targets", "--lengths", "--sizes", "--gen-batches", "--worker"}
+
+
+def work(pristine, folder):
+    """A working copy of the fixtures in ``folder``, with ``SPECIAL``'s files made there."""
+    shutil.copytree(pristine, folder)
+    os.mkfifo(os.path.join(folder, "fifo"))
+    os.symlink("base.npz", os.path.join(folder, "link.npz"))
+    os.symlink("nothing-here.json", os.path.join(folder, "dangling.json"))
+    data = os.path.join(folder, "book", "data")            # the repository's files, small
+    os.makedirs(data)
+    shutil.copy(os.path.join(folder, "int8.npz"), os.path.join(data, "long_run_w8.npz"))
+    shutil.copy(os.path.join(folder, "bpe.tokenizer.json"), os.path.join(data,
+                                                                      "long_run_tokenizer.json"))
+    with open(os.path.join(data, "long_run.json"), "w") as f:
+        json.dump({"plan": {"shape": [2, 8], "vocab_size": 256, "block_size": 8, "batch_size": 2,
+                            "seed": 0, "lr": 1e-3, "steps": 2, "flops": 1.0},
+                   "predicted_nats_per_char": 3.0, "predicted_interval": [2.5, 3.5]}, f)
+    return folder
+
+
+def _path_flags(command):
+    return sorted(f for f, a in table(command).items() if a.type is None and a.nargs in (None, "?")
+                  and not a.choices and a.const is None and f not in NOT_PATHS)
+
+
+def declared_writes(argv):
+    """The files ``argv`` declares it writes (``files(args)`` of its command), relative paths
+    as given and as resolved; empty if ``argv`` does not parse."""
+    from tformer.__main__ import build_parser
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            args = build_parser().parse_args(argv)
+        module = sys.modules[args.func.__module__]
+        declared = module.files(args)
+    except (SystemExit, ValueError, AttributeError):        # AttributeError: no files(args)
+        return set()
+    return {os.path.normpath(d.path) for d in declared if d.path and d.written}
 
 
 def _run(argv):
@@ -214,7 +285,17 @@ def path(pick, argv, *likely):
 
 def invocation(pick):
     """``(argv, outputs)``: one command line, and the files it may write if it succeeds."""
-    command = pick(["run tinygpt"] * 5 + ["generate"] * 2 + ["quantize", "bpe-compare", "finetune"])
+    command = pick(["run tinygpt"] * 5 + ["generate"] * 2 + ["quantize", "bpe-compare", "finetune"]
+                   + ["others"] * 3)
+    if command == "others":
+        command = pick(sorted(SYSTEMS) + DRY)
+        argv = [*command.split(), *SYSTEMS.get(command, [])]
+        for flag in _path_flags(command):
+            if pick([True, False]):
+                argv += [flag, path(pick, argv, "new.json")]
+        _drawn_flags(command, pick, argv, pick([0, 1, 2]))
+        argv += ["--threads", "1"]
+        return argv, declared_writes(argv)
     if command == "run tinygpt":
         argv = [*RUN, "--text", pick(["corpus.txt"] * 6 + PATHS)]
         argv += ["--checkpoint", path(pick, argv, "new.npz")]
@@ -321,8 +402,14 @@ def snapshot(folder):
     for root, _, names in os.walk(folder):
         for name in names:
             path = os.path.join(root, name)
-            with open(path, "rb") as f:
-                out[os.path.relpath(path, folder)] = (f.read(), os.stat(path).st_mode & 0o7777)
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode):                  # a symlink: where it points
+                out[os.path.relpath(path, folder)] = (f"-> {os.readlink(path)}".encode(), 0)
+            elif not stat.S_ISREG(st.st_mode):             # a FIFO: never opened (it would block)
+                out[os.path.relpath(path, folder)] = (b"", st.st_mode)
+            else:
+                with open(path, "rb") as f:
+                    out[os.path.relpath(path, folder)] = (f.read(), st.st_mode & 0o7777)
     return out
 
 
@@ -334,14 +421,37 @@ def _alarm(signum, frame):
     raise Hang
 
 
-def run(argv, workdir):
-    """``(exit status or the exception, stdout, stderr)`` of ``argv`` run in ``workdir``."""
+@contextlib.contextmanager
+def _dry(argv):
+    """With a command of ``DRY``: its module's ``main`` replaced by a stub that writes nothing."""
+    from tformer.__main__ import COMMANDS
+    if not argv or argv[0] not in DRY:
+        yield
+        return
+    import importlib
+    module = importlib.import_module(COMMANDS[argv[0]][0])
+    real = module.main
+
+    def stub(args):
+        return 0
+    stub.__module__ = module.__name__              # its files and checks are the module's
+    module.main = stub
+    try:
+        yield
+    finally:
+        module.main = real
+
+
+def run(argv, workdir, dry=False):
+    """``(exit status or the exception, stdout, stderr)`` of ``argv`` run in ``workdir``;
+    ``dry``: a command of ``DRY`` runs everything but its ``main``."""
     here, out, err = os.getcwd(), io.StringIO(), io.StringIO()
     os.chdir(workdir)
     old = signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(TIMEOUT)
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+                _dry(argv if dry else []):
             code = _run(argv)
     except SystemExit as e:
         code = e.code
@@ -372,8 +482,10 @@ def _given_as(argv, rel):
 
 def problems(argv, outputs, workdir):
     """What went wrong when ``argv`` ran in ``workdir`` (a list of short signatures)."""
+    outputs = set(outputs) | {os.path.relpath(os.path.realpath(os.path.join(workdir, o)),
+                                              os.path.realpath(workdir)) for o in outputs}
     before = snapshot(workdir)
-    code, _, err = run(argv, workdir)
+    code, _, err = run(argv, workdir, dry=True)
     after = snapshot(workdir)
     found = []
     if isinstance(code, Hang):
@@ -429,12 +541,11 @@ def survey(n, seed=0):
         pristine = fixtures(os.path.join(tmp, "pristine"))
         for i in range(n):
             argv, outputs = invocation(rng.choice)
-            work = os.path.join(tmp, f"w{i}")
-            shutil.copytree(pristine, work)
-            for p in problems(argv, outputs, work):
+            folder = work(pristine, os.path.join(tmp, f"w{i}"))
+            for p in problems(argv, outputs, folder):
                 count, first = seen.get(p, (0, argv))
                 seen[p] = (count + 1, first)
-            shutil.rmtree(work, ignore_errors=True)
+            shutil.rmtree(folder, ignore_errors=True)
     return seen
 
 

@@ -140,6 +140,84 @@ CASES = {
 }
 
 
+# Issue 53: the commands beside the first five, each file declared (``tformer.runs.declare``).
+LONG = ["long-run", "--no-progress", "--threads", "1"]
+SHIP_TOK = "long_run_tokenizer.json"
+CASES.update({
+    # 1: the shipped model the default --target reads, overwritten by --out
+    "decoding --out over the shipped model": (
+        ["decoding", "--out", "book/data/long_run_w8.npz"],
+        ["--out: expected another file than --target (default: the long run's model)"]),
+    # 3-6: the tokenizer written beside --ship is a declared output of its own
+    "long-run --ship over its tokenizer": (
+        [*LONG, "--out", "result.json", "--ship", f"book/data/{SHIP_TOK}"],
+        ["--ship's tokenizer: expected another file than --ship"]),
+    "long-run --checkpoint over the shipped tokenizer": (
+        [*LONG, "--out", "result.json", "--checkpoint", f"out/{SHIP_TOK}", "--ship", "out/m.npz"],
+        ["--ship's tokenizer: expected another file than --checkpoint"]),
+    "long-run --out over the shipped tokenizer": (
+        [*LONG, "--out", f"book/data/{SHIP_TOK}", "--ship", "book/data/m.npz"],
+        ["--ship's tokenizer: expected another file than --out"]),
+    # 8: collisions are usage errors, not tracebacks from main
+    "long-run --checkpoint = --out": ([*LONG, "--out", "result.json", "--checkpoint", "result.json"],
+                                      ["--checkpoint: expected another file than --out"]),
+    "long-run --ship = --out": ([*LONG, "--out", "result.json", "--ship", "result.json"],
+                                ["--ship: expected another file than --out"]),
+    "long-run --ship = --checkpoint": ([*LONG, "--out", "result.json", "--checkpoint", "new.npz",
+                                        "--ship", "new.npz"],
+                                       ["--ship: expected another file than --checkpoint"]),
+    "long-run --predict --out = --sweep": ([*LONG, "--predict", "--out", "result.json", "--sweep",
+                                            "result.json"],
+                                           ["--out: expected another file than --sweep"]),
+    # 10: decoding's files
+    "decoding --target missing": (["decoding", "--target", "missing.npz", "--out", "new.json"],
+                                  ["--target: expected a readable file", "no such file"]),
+    "decoding --target of another shape": (
+        ["decoding", "--target", "base.npz", "--out", "new.json"],
+        ["--target: expected a TinyGPT checkpoint (float or int8) of the long run's shape"]),
+    "decoding --target not an npz": (["decoding", "--target", "random.bin", "--out", "new.json"],
+                                     ["--target: expected a TinyGPT checkpoint"]),
+    "decoding --out a folder": (["decoding", "--out", "folder"], ["--out:", "a folder"]),
+    "decoding --tokenizer without --target": (
+        ["decoding", "--tokenizer", "bpe.tokenizer.json", "--out", "new.json"],
+        ["--tokenizer: the tokenizer of --target", "expected --target with it"]),
+    # 15: a FIFO is refused before anything opens it
+    "generate --checkpoint a FIFO": ([*GEN, "--checkpoint", "fifo"],
+                                     ["--checkpoint: expected a checkpoint", "FIFO"]),
+    "run --tokenizer a FIFO": ([*RUN, *T, "--checkpoint", "new.npz", "--tokenizer", "fifo"],
+                               ["--tokenizer: expected a regular file", "FIFO"]),
+    "finetune --out a FIFO": (["finetune", "--dpo", "pairs.jsonl", "--checkpoint", "base.npz",
+                               "--out", "fifo"], ["--out: expected a file that can be written",
+                                                  "FIFO"]),
+    "quantize --out a FIFO": (["quantize", "base.npz", "--out", "fifo", *Q], ["--out:", "FIFO"]),
+    # 19: every experiment checks --out before its long run starts
+    **{f"{cmd} --out under a file": ([cmd, "--out", "corpus.txt/x.json"],
+                                     ["--out: expected a file that can be written", "is a file"])
+       for cmd in ("lora", "ablate", "memory", "shakespeare", "fewer-bits", "online-softmax",
+                   "bench", "many-processes", "scaling-sweep", "preference", "bpe-compare")},
+    "ablate --out over its --text": (["ablate", "--text", "corpus.txt", "--out", "corpus.txt"],
+                                     ["--out: expected another file than --text"]),
+    # 21: '..' resolved as the write resolves it
+    "--out nope/../x": (["quantize", "base.npz", "--out", "nope/../x.npz", *Q],
+                        ["--out: expected a path whose folders exist before '..'", "'nope'"]),
+    "--checkpoint nope/../x": ([*RUN, *T, "--checkpoint", "nope/../x.npz"],
+                               ["--checkpoint: expected a path whose folders exist before '..'"]),
+    "finetune --lr 0": (["finetune", "--dpo", "pairs.jsonl", "--checkpoint", "base.npz", "--out",
+                         "new.npz", "--lr", "0"], ["argument --lr: expected a finite number > 0"]),
+    # 20: flags that do nothing in the chosen mode
+    "long-run --budget without --predict": ([*LONG, "--out", "result.json", "--budget", "1e15"],
+                                            ["--budget: applies to the prediction"]),
+    "long-run --predict --resume": ([*LONG, "--predict", "--resume", "--out", "new.json"],
+                                    ["--resume: continues a run; --predict makes a plan"]),
+    "long-run --predict --budget 1e308": ([*LONG, "--predict", "--out", "new.json", "--budget",
+                                           "1e308"], ["--budget: expected at most 1e+19 FLOPs"]),
+    # 10: outside the repository
+    "preference outside the repository": (["preference", "--out", "new.json"],
+                                          ["the long run's model: expected a readable file",
+                                           "run the command from its top folder"]),
+})
+
+
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory):
     return cli_hostile.fixtures(str(tmp_path_factory.mktemp("cases") / "files"))
@@ -149,6 +227,7 @@ def pristine(tmp_path_factory):
 def work(pristine, tmp_path):
     path = str(tmp_path / "w")
     shutil.copytree(pristine, path)
+    os.mkfifo(os.path.join(path, "fifo"))                       # a writer would block: never opened
     return path
 
 
@@ -164,9 +243,25 @@ def refused(argv, work, parts):
     return last
 
 
+def repository(work):
+    """``book/data`` of the repository in ``work``, small: the long run's plan (a shape that no
+    fixture checkpoint has), its shipped model and tokenizer."""
+    import json
+    data = os.path.join(work, "book", "data")
+    os.makedirs(data)
+    shutil.copy(os.path.join(work, "int8.npz"), os.path.join(data, "long_run_w8.npz"))
+    shutil.copy(os.path.join(work, "bpe.tokenizer.json"), os.path.join(data, SHIP_TOK))
+    plan = dict(shape=[2, 8], vocab_size=256, block_size=8, batch_size=2, seed=0, lr=1e-3,
+                steps=2, flops=1.0)
+    with open(os.path.join(data, "long_run.json"), "w") as f:
+        json.dump(dict(plan=plan, predicted_nats_per_char=3.0, predicted_interval=[2.5, 3.5]), f)
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_each_case_of_the_audit_is_a_usage_error(name, work):
     argv, parts = CASES[name]
+    if argv[0] in ("decoding", "long-run", "preference") and "outside" not in name:
+        repository(work)
     refused(argv, work, parts)
 
 
@@ -217,3 +312,124 @@ def test_a_full_disk_keeps_the_old_checkpoint_and_says_so(work, monkeypatch):
                    ["--checkpoint: 'base.npz' could not be written (No space left on device); "
                     "the old file is kept"])
     assert last.startswith("python -m tformer run tinygpt: error:")
+
+
+# Issue 53: numeric ranges at parse time, checkpoints and plans checked before any work.
+FT = ["finetune", "--dpo", "pairs.jsonl", "--checkpoint", "base.npz", "--out", "new.npz"]
+TRANSFORMER = ["run", "transformer", "--d-model", "8", "--n-heads", "2", "--n-layers", "1",
+               "--d-ff", "8", "--max-len", "3", "--batch-size", "4", "--eval-every", "0",
+               "--eval-size", "4", "--no-progress", "--steps", "1", "--checkpoint", "new.npz"]
+RANGES = {
+    "run tinygpt --lr 1e308": ([*RUN, *T, "--lr", "1e308"],
+                               ["argument --lr: expected a finite number ≥ 0 and at most 10"]),
+    "run transformer --lr 1e308": ([*TRANSFORMER, "--lr", "1e308"], ["argument --lr:"]),
+    "run transformer --beam-width 1e9": ([*TRANSFORMER, "--beam-width", "1000000000"],
+                                         ["--beam-width: expected at most the vocabulary, 14"]),
+    "--threads 1e20": ([*GEN, "--checkpoint", "base.npz", "--threads", "99999999999999999999"],
+                       ["argument --threads: expected an integer ≥ 1 and at most"]),
+    "--threads 100000": ([*GEN, "--checkpoint", "base.npz", "--threads", "100000"],
+                         ["argument --threads:"]),
+    "finetune --beta 1e300": ([*FT, "--beta", "1e300"], ["argument --beta: expected a number > 0 "
+                                                         "and at most 100"]),
+    "finetune --lora-alpha 1e30": ([*FT, "--lora", "2", "--lora-alpha", "1e30"],
+                                   ["argument --lora-alpha:"]),
+    "generate --temperature 1e-310": ([*GEN, "--checkpoint", "base.npz", "--temperature",
+                                       "1e-310"], ["argument --temperature: expected a finite number "
+                                                   "≥ 0: 0 (greedy) or a temperature ≥ 1e-30"]),
+    "generate --temperature 1e-310 --draft": ([*GEN, "--checkpoint", "base.npz", "--draft",
+                                               "int8.npz", "--temperature", "1e-310"],
+                                              ["argument --temperature:"]),
+    "run --temperatures 1e-310": ([*RUN, *T, "--temperatures", "1,1e-310"],
+                                  ["argument --temperatures:", "1e-30"]),
+    "scaling-sweep --seeds -1": (["scaling-sweep", "--plan-only", "--seeds", "-1"],
+                                 ["argument --seeds: expected an integer ≥ 0"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RANGES))
+def test_a_range_the_work_cannot_hold_is_a_usage_error(name, work):
+    argv, parts = RANGES[name]
+    refused(argv, work, parts)
+
+
+def test_tformer_num_threads_beyond_the_bound_is_a_usage_error(work, monkeypatch):
+    monkeypatch.setenv("TFORMER_NUM_THREADS", "99999999999")
+    refused([*GEN, "--checkpoint", "base.npz"], work,
+            ["TFORMER_NUM_THREADS: expected an integer ≥ 1 and at most"])
+
+
+def test_a_config_that_claims_more_than_its_arrays_is_refused_before_a_model_is_built(work):
+    """Finding 16: n_layers 200,000 beside one block, refused in well under a second."""
+    import json
+    import time
+
+    from tformer.checkpoint import read_npz, write_npz
+    meta, arrays = read_npz(os.path.join(work, "base.npz"))
+    for name, change in (("layers.npz", {"n_layers": 200_000}), ("wide.npz", {"d_ff": 10 ** 9})):
+        bad = dict(meta, config=dict(meta["config"], **change))
+        write_npz(os.path.join(work, name), {**arrays, "meta": np.array(json.dumps(bad))})
+        for argv in ([*GEN, "--checkpoint", name], ["quantize", name, "--out", "new.npz", *Q]):
+            t0 = time.perf_counter()
+            last = refused(argv, work, ["its config claims"])
+            assert time.perf_counter() - t0 < 5 and len(last) < 400
+
+
+PLANS = {"plan {}": {"plan": {}}, "a list": [1, 2], "negative steps": {"steps": -5},
+         "vocab 100": {"vocab_size": 100}, "heads do not divide": {"shape": [1, 100]},
+         "interval of text": "interval"}
+
+
+@pytest.mark.parametrize("name", sorted(PLANS))
+def test_a_malformed_plan_is_a_usage_error_before_training(name, work):
+    """Finding 7: ``long-run --out`` a malformed plan."""
+    import json
+    plan = dict(shape=[2, 8], vocab_size=256, block_size=8, batch_size=2, seed=0, lr=1e-3,
+                steps=2, flops=1.0)
+    pred = dict(plan=plan, predicted_nats_per_char=3.0, predicted_interval=[2.5, 3.5])
+    change = PLANS[name]
+    if change == "interval":
+        pred["predicted_interval"] = "2.5 to 3.5"
+    elif isinstance(change, list):
+        pred = change
+    elif "plan" in change:
+        pred.update(change)
+    else:
+        plan.update(change)
+    with open(os.path.join(work, "plan.json"), "w") as f:
+        json.dump(pred, f)
+    refused([*LONG, "--out", "plan.json", "--ship", ""], work, ["--out: expected a long-run "
+                                                                "prediction"])
+
+
+def test_scaling_sweep_resumes_no_run_without_its_key(tmp_path):
+    """Finding 11: a result file whose run lacks ``key``."""
+    import json
+
+    from tformer.experiments.scaling_sweep import load_previous
+    from tformer.runs.flags import UsageError
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps({"runs": [{"budget": 1}]}))
+    with pytest.raises(UsageError, match="--out: expected a scaling-sweep result .* without its key"):
+        load_previous(str(path), {})
+
+
+def test_an_output_symlink_stays_a_symlink(work):
+    """Finding 21: the file a symlink ``--out`` points to is replaced, the link kept."""
+    os.symlink("new.npz", os.path.join(work, "link.npz"))
+    code, _, err = cli_hostile.run(["quantize", "base.npz", "--out", "link.npz", *Q], work)
+    assert code == 0, err
+    assert os.path.islink(os.path.join(work, "link.npz"))
+    assert os.path.isfile(os.path.join(work, "new.npz"))
+    assert not [n for n in os.listdir(work) if n.startswith(".tmp-")]
+
+
+@pytest.mark.parametrize("checkpoint", ["int8.npz", "random.bin", "lora.adapter.npz", "base.npz"])
+def test_long_run_resumes_no_checkpoint_of_another_kind_or_model(checkpoint, work):
+    """Finding 9: ``long-run --resume`` from an int8, a non-npz, another model's checkpoint."""
+    import json
+    plan = dict(shape=[2, 8], vocab_size=256, block_size=8, batch_size=2, seed=0, lr=1e-3,
+                steps=2, flops=1.0)
+    with open(os.path.join(work, "plan.json"), "w") as f:
+        json.dump(dict(plan=plan, predicted_nats_per_char=3.0, predicted_interval=[2.5, 3.5]), f)
+    refused([*LONG, "--out", "plan.json", "--checkpoint", checkpoint, "--resume", "--ship", ""],
+            work, ["--checkpoint: expected a checkpoint of this plan's run to --resume"])

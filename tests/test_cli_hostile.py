@@ -1,14 +1,14 @@
 """A generative test of the command line: invocations drawn from the commands' own flag tables
 with hostile values and hostile files (``tests/cli_hostile.py``), each of which must end in exit
 status 0 or 2, without a traceback, leave every file it did not declare as its output
-byte-identical (mode included), and leave no temporary.
+byte-identical (mode included), and leave no temporary. Every command is drawn; the
+experiments stop before their ``main`` (``cli_hostile.DRY``).
 
 Bounded and deterministic (``derandomize``): tiny models, one or two steps, about 30 ms an
 invocation. ``TFORMER_HYPOTHESIS_EXAMPLES=2000`` searches harder; ``python tests/cli_hostile.py
 N`` surveys N random invocations and lists the distinct problems.
 """
 import os
-import shutil
 import tempfile
 
 import pytest
@@ -32,8 +32,7 @@ def pristine(tmp_path_factory):
 def test_no_invocation_crashes_or_damages_a_file(pristine, data):
     argv, outputs = cli_hostile.invocation(lambda seq: data.draw(st.sampled_from(seq)))
     with tempfile.TemporaryDirectory() as tmp:
-        work = os.path.join(tmp, "w")
-        shutil.copytree(pristine, work)
+        work = cli_hostile.work(pristine, os.path.join(tmp, "w"))
         found = cli_hostile.problems(argv, outputs, work)
     assert not found, f"{found} for: python -m tformer {' '.join(map(repr, argv))}"
 

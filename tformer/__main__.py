@@ -1,7 +1,11 @@
 """``python -m tformer run <system> [flags]``, ``generate``, ``many-processes``, ``quantize``, ``fewer-bits``, ``online-softmax``, ``ablate``, ``memory``, ``shakespeare``, ``bpe-compare``, ``lora``.
 
 Every command is one entry of ``RUNS`` (``run SYSTEM``) or ``COMMANDS`` below, registered the same
-way: its module's ``add_arguments(parser)``, ``main(args)`` and optional ``check_args(args)``.
+way: its module's ``add_arguments(parser)``, ``files(args)`` (every file it reads and writes,
+``tformer.runs.declare``), ``main(args)``, and optional ``check_flags(args)`` (flags that must
+agree) and ``check_args(args)`` (what the files it reads hold). ``main`` below runs them in the
+order check_flags, the declared files, check_args, main: nothing is read or written before the
+flags agree and the files are what they must be.
 """
 import os
 
@@ -115,20 +119,50 @@ def _leaves(parser):
     return [leaf for a in subs for p in dict.fromkeys(a.choices.values()) for leaf in _leaves(p)]
 
 
-def _threads(text):
-    """``--threads``: an integer ≥ 1, else argparse's usage error naming the flag."""
+# The most threads a command starts: a few per core this machine has (more only wait for a core,
+# and each holds a stack and buffers; a billion never start).
+MAX_THREADS = max(64, 4 * (os.cpu_count() or 1))
+
+
+def _bounded_threads(text, name):
+    """``text`` as a thread count from 1 to ``MAX_THREADS``, else ValueError naming ``name``."""
     from .parallel import parse_num_threads
+    n = parse_num_threads(text, name)
+    if n > MAX_THREADS:
+        raise ValueError(f"{name}: expected an integer ≥ 1 and at most {MAX_THREADS} (4 threads "
+                         f"per core of this machine, at least 64), got {text!r}")
+    return n
+
+
+def _threads(text):
+    """``--threads``: an integer from 1 to ``MAX_THREADS``, else argparse's usage error naming
+    the flag."""
     try:
-        return parse_num_threads(text, "--threads")
+        return _bounded_threads(text, "--threads")
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e).removeprefix("--threads: ")) from None
 
 
-def _check_flags(parser, args):
-    """A command's ``check_args(args)`` (flags that must agree with each other, in the module of
-    its ``main``; ``tformer.runs.flags``): its ValueError becomes that command's usage error, exit
+def _check_files(parser, args):
+    """The files the command declares (its module's ``files(args)``, ``tformer.runs.declare``):
+    checked before anything else reads or writes one; a ValueError is the usage error."""
+    from .runs import declare
+    files = getattr(sys.modules[args.func.__module__], "files", None)
+    if files is None:                             # tests/test_declared_files.py fails on it too
+        _leaf(parser, args).error("the command declares no files (files(args), "
+                                  "tformer.runs.declare); it cannot run")
+    try:
+        declare.check(files(args))
+    except ValueError as e:
+        _leaf(parser, args).error(_one_line(e))
+
+
+def _check_flags(parser, args, name="check_args"):
+    """A command's ``check_flags(args)`` (flags that must agree with each other, no file read) or
+    ``check_args(args)`` (the same, and the content of the files it reads), in the module of its
+    ``main`` (``tformer.runs.flags``): its ValueError becomes that command's usage error, exit
     status 2, before anything runs."""
-    check = getattr(sys.modules[args.func.__module__], "check_args", None)
+    check = getattr(sys.modules[args.func.__module__], name, None)
     if check is None:
         return
     try:
@@ -156,13 +190,17 @@ def _leaf(parser, args):
 
 def main(argv=None):
     try:
+        if os.environ.get("TFORMER_NUM_THREADS", "").strip():
+            _bounded_threads(os.environ["TFORMER_NUM_THREADS"][:40], "TFORMER_NUM_THREADS")
         from . import parallel                    # reads TFORMER_NUM_THREADS at import
     except ValueError as e:                       # a bad value: one line, not a traceback
         print(f"python -m tformer: error: {e}", file=sys.stderr)
         return 2
     parser = build_parser()
     args = parser.parse_args(argv)
-    _check_flags(parser, args)
+    _check_flags(parser, args, "check_flags")     # flags that must agree: no file read yet
+    _check_files(parser, args)                    # what it reads and writes: before any work
+    _check_flags(parser, args)                    # and what the files it reads hold
     if getattr(args, "threads", None) is not None:
         parallel.set_num_threads(args.threads)
     # Under mpiexec, one rank of the job: rank 0 prints; an error on one rank aborts them all.

@@ -140,9 +140,12 @@ def atomic_open(path, mode="w", **kwargs):
     (created if missing). On a clean exit it is flushed, synced and renamed over ``path``, and the
     folder is synced; on an error it is removed and ``path`` is left as it was. The new file keeps
     the mode of the one it replaces (a new one gets the umask's). Stale temporaries of ``path``
-    left by killed writers are removed first (see the module docstring). An ``OSError`` of the
+    left by killed writers are removed first (see the module docstring). A symlink ``path`` is
+    kept: the file it points to is replaced (as ``open(path, "w")`` would). An ``OSError`` of the
     file system (a full disk, a path under a file) is raised as ``WriteError`` naming ``path``."""
-    path = os.fspath(path)
+    given = path = os.fspath(path)
+    if os.path.islink(path):                 # a symlink: replace the file it points to, keep it
+        path = os.path.realpath(path)
     folder = os.path.dirname(os.path.abspath(path))
     try:
         os.makedirs(folder, exist_ok=True)
@@ -152,7 +155,7 @@ def atomic_open(path, mode="w", **kwargs):
         prefix = f"{_prefix(path)}{_host()}{SEP}{os.getpid()}{SEP}"
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=prefix, suffix=os.path.splitext(path)[1])
     except OSError as e:
-        raise WriteError(path, e) from e
+        raise WriteError(given, e) from e
     try:
         with os.fdopen(fd, mode, **kwargs) as f:
             yield f
@@ -164,7 +167,7 @@ def atomic_open(path, mode="w", **kwargs):
         with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
         if isinstance(e, OSError) and not isinstance(e, WriteError):
-            raise WriteError(path, e) from e
+            raise WriteError(given, e) from e
         raise
     fsync_folder(folder)
 

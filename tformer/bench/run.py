@@ -93,6 +93,15 @@ def add_arguments(p):
                         "e.g. bench_intel.json)")
 
 
+def files(a):
+    """What the command writes (``tformer.runs.declare``): ``--out`` (default: the file of this
+    machine's CPU vendor, ``default_out``)."""
+    from ..runs.declare import writes
+    if a.out is None:
+        a.out = str(default_out(cpu.identify().get("vendor")))
+    return [writes("--out", a.out)]
+
+
 # --- workers: one fresh subprocess per measurement ----------------------------------------------
 
 def worker_main(spec):

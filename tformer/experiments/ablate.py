@@ -76,6 +76,13 @@ def add_arguments(p):
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+def files(args):
+    """What the command reads and writes (``tformer.runs.declare``): ``--text``; ``--out``
+    (read first with ``--resume``)."""
+    from ..runs.declare import reads, updates, writes
+    return [reads("--text", args.text), (updates if args.resume else writes)("--out", args.out)]
+
+
 def configurations(config):
     """``[(name, group, lr, TinyGPT keywords)]``: the runs of one seed, in order."""
     C, H = config["d_model"], config["n_heads"]

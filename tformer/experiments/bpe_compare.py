@@ -42,7 +42,7 @@ from .provenance import record
 from ..schedules import cosine_with_warmup
 from ..runs.fits import check_fits
 from ..runs.flags import UsageError, add_flag, heads_divide, text_file
-from ..runs.paths import check_paths
+from ..runs.declare import reads, writes
 from ..train import train
 
 DEFAULT_OUT = "book/data/bpe.json"
@@ -76,6 +76,11 @@ def add_arguments(p):
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+def files(args):
+    """What the command reads and writes (``tformer.runs.declare``)."""
+    return [reads("--text", args.text), writes("--out", args.out)]
+
+
 def check_args(args):
     """Flags that cannot run: a ValueError naming the flag (the usage error of the command)."""
     for name in ("d_model", "n_heads", "n_layers", "max_len", "batch_size", "steps", "eval_every",
@@ -106,7 +111,6 @@ def check_args(args):
             raise ValueError(f"--vocab-sizes: expected sizes of at most {most:,} (the 256 bytes "
                              f"and the {most - 256:,} merges --text allows), got "
                              f"{max(args.vocab_sizes):,}")
-    check_paths(inputs=[("--text", args.text)], outputs=[("--out", args.out)])
     check_fits(argparse.Namespace(**vars(args), d_ff=None, gradient_checkpointing=False,
                                   blocks_per_segment=1, attention="plain"),
                vocab_size=max(args.vocab_sizes))

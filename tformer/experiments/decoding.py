@@ -42,7 +42,7 @@ from ..atomic import write_json
 from ..generate import sample
 from ..models.tinygpt import TinyGPT
 from ..runs.flags import UsageError, positive_int
-from ..runs.paths import check_paths
+from ..runs.declare import may_read, reads, updates, writes
 from ..samplers import probabilities
 from ..scaling.quantize import dequantized
 from ..speculative import speculative_sample
@@ -321,6 +321,31 @@ def add_arguments(p):
                    help="target-sampled texts on which α is computed exactly")
 
 
+def files(args):
+    """What the command reads and writes (``tformer.runs.declare``): ``--target`` (default: the
+    long run's shipped model), the long run's plan, the tokenizer, the sweep (if present), the
+    drafts of ``--drafts`` (read, or trained and written there), ``--out``."""
+    from .long_run import DEFAULT_OUT as PLAN, SHIPPED_MODEL, SHIPPED_TOKENIZER
+    if args.target is None:
+        model = reads("--target (default: the long run's model)", SHIPPED_MODEL)
+        tokenizer = reads("--target's tokenizer (the long run's)", SHIPPED_TOKENIZER)
+    else:
+        model = reads("--target", args.target)
+        tokenizer = reads("--tokenizer", args.tokenizer) if args.tokenizer else \
+            may_read("--tokenizer (default: the long run's)", SHIPPED_TOKENIZER)
+    drafts = [updates(f"--drafts ({shape_name(shape)})", draft_path(shape, args.drafts))
+              for shape, _ in DRAFTS]
+    return [model, tokenizer, reads("the long run's plan", PLAN), may_read("the sweep", SWEEP),
+            *drafts, writes("--out", args.out)]
+
+
+def check_flags(args):
+    """``--tokenizer`` goes with ``--target`` (the shipped model reads its own)."""
+    if args.tokenizer is not None and args.target is None:
+        raise ValueError("--tokenizer: the tokenizer of --target; the shipped model reads its "
+                         "own, expected --target with it")
+
+
 def load_target(args):
     """``(model, tokenizer, kind)``: the shipped int8 model, or ``--target``."""
     from ..bpe import BPETokenizer
@@ -329,14 +354,23 @@ def load_target(args):
         model, tok = load_shipped()
         return model, tok, "w8"
     import json
+    from ..runs.files import MALFORMED, load_tokenizer_file
     from ..scaling.quantize import load_model
     with open(PLAN, encoding="utf-8") as f:
         plan = json.load(f)["plan"]
     model = TinyGPT(**model_config(plan["shape"], plan["vocab_size"], plan["block_size"]), seed=0)
-    load_model(args.target, model)
+    try:
+        load_model(args.target, model)
+    except MALFORMED as e:
+        raise UsageError(f"--target: expected a TinyGPT checkpoint (float or int8) of the long "
+                         f"run's shape, got {args.target!r}: {str(e).removeprefix('path: ')}") \
+            from None
     path = args.tokenizer or (SHIPPED_TOKENIZER if os.path.exists(SHIPPED_TOKENIZER) else None)
     if path is not None:
-        tok = BPETokenizer.load(path)
+        tok = load_tokenizer_file("--tokenizer", path)
+        if tok.vocab_size != plan["vocab_size"]:
+            raise UsageError(f"--tokenizer: expected a tokenizer of the model's "
+                             f"{plan['vocab_size']} tokens, got {tok.vocab_size} in {path!r}")
     else:
         from .scaling_corpus import prepare
         tok = prepare(plan["vocab_size"]).tokenizer
@@ -375,7 +409,6 @@ def main(args):
     from ..runs.files import tokenizer_record
     from .long_run import plays_vocabulary
     from .scaling_corpus import prepare
-    check_paths([("--target", args.target)], [("--out", args.out)])
     t_start, prov = time.perf_counter(), record("decoding")
     target, tok, kind = load_target(args)
     V, T = target.config["vocab_size"], target.max_len

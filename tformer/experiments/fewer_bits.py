@@ -39,7 +39,7 @@ from ..scaling.quantize import quantize_model, save_quantized
 from ..train import train
 from ..runs import tinygpt
 from ..runs.quantize_cmd import float32_weights_bytes, val_bpb
-from ..runs.flags import positive_int
+from ..runs.flags import new_tokens, positive_int
 from .timing import best_seconds as _time, interleaved
 
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -57,7 +57,19 @@ def add_arguments(p):
     p.add_argument("--steps", type=positive_int, default=None, help="training steps (default: run tinygpt's)")
     p.add_argument("--time-rounds", type=positive_int, default=5, help="interleaved rounds of the step timing")
     p.add_argument("--time-steps", type=positive_int, default=3, help="steps per precision and round")
-    p.add_argument("--gen-tokens", type=positive_int, default=64, help="bytes generated per timing of generation")
+    p.add_argument("--gen-tokens", type=new_tokens, default=64, help="bytes generated per timing of generation")
+
+
+def check_flags(args):
+    """``--gen-tokens`` times at least one token."""
+    if args.gen_tokens < 1:
+        raise ValueError(f"--gen-tokens: expected at least 1 token to time, got {args.gen_tokens}")
+
+
+def files(args):
+    """What the command writes (``tformer.runs.declare``): ``--out``."""
+    from ..runs.declare import writes
+    return [writes("--out", args.out)]
 
 
 def run_args(argv=()):

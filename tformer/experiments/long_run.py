@@ -42,8 +42,9 @@ from ..checkpoint import load_checkpoint
 from ..data.all_plays import all_plays_documents
 from ..data.words import corpus_words, share
 from ..generate import sample
+from ..runs.declare import beside, reads, updates, writes
+from ..runs.files import MALFORMED, read_checkpoint_file
 from ..runs.flags import UsageError, positive_float, positive_int
-from ..runs.paths import check_paths
 from ..train import train
 from . import scaling_fit as sf
 from .provenance import load_average, now, record
@@ -60,6 +61,7 @@ SHIP_BYTES = 8_000_000
 R_STAR = 15.39                 # Muennighoff et al. (2023), the fitted R*_D of their eq. 5
 MIN_FACTOR = 10.0              # the long run's budget: at least this many times the sweep's largest
 DEFAULT_BUDGET = 2.5e14
+MAX_BUDGET = 1e19              # FLOPs: years of one CPU; a larger plan is no run
 N_BOOT = 200
 TEMPERATURES = (0.5, 0.8, 1.0)
 SAMPLE_SEEDS, SAMPLE_TOKENS = 8, 160
@@ -166,9 +168,11 @@ def add_arguments(p):
     p.add_argument("--predict", action="store_true",
                    help="fit the sweep, choose the model for --budget and write the prediction "
                         "to --out (commit it before the run)")
-    p.add_argument("--sweep", default=DEFAULT_SWEEP, help="with --predict: the sweep's JSON")
-    p.add_argument("--budget", type=positive_float, default=DEFAULT_BUDGET,
-                   help=f"with --predict: FLOPs, at least {MIN_FACTOR:g}× the sweep's largest budget")
+    p.add_argument("--sweep", default=None,
+                   help=f"with --predict: the sweep's JSON (None: {DEFAULT_SWEEP})")
+    p.add_argument("--budget", type=positive_float, default=None,
+                   help=f"with --predict: FLOPs, at least {MIN_FACTOR:g}× the sweep's largest budget "
+                        f"and at most {MAX_BUDGET:g} (None: {DEFAULT_BUDGET:g})")
     p.add_argument("--out", default=DEFAULT_OUT, help="the prediction, and then the result")
     p.add_argument("--checkpoint", default=DEFAULT_CHECKPOINT, help="where the run saves itself")
     p.add_argument("--checkpoint-every", type=positive_int, default=500,
@@ -177,8 +181,88 @@ def add_arguments(p):
                    help="measure nats/char of the yardstick and the training split this often")
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint")
     p.add_argument("--ship", default=SHIPPED_MODEL,
-                   help="where to write the int8 (w8) model for readers ('' : do not)")
+                   help=f"where to write the int8 (w8) model for readers ('' : do not); its "
+                        f"tokenizer is written beside it, as {os.path.basename(SHIPPED_TOKENIZER)}")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def ship_tokenizer(ship_path):
+    """Where ``ship`` writes the tokenizer of the model shipped to ``ship_path``: beside it."""
+    return beside(ship_path, os.path.basename(SHIPPED_TOKENIZER))
+
+
+def files(args):
+    """What the command reads and writes (``tformer.runs.declare``). ``--predict``: the sweep,
+    and ``--out`` (new). The run: ``--out`` (its plan, completed), ``--checkpoint`` (read first
+    with ``--resume``), ``--ship`` and the tokenizer written beside it."""
+    if args.predict:
+        return [reads("--sweep", args.sweep or DEFAULT_SWEEP), writes("--out", args.out)]
+    return [reads("--out", args.out), writes("--out", args.out),
+            (updates if args.resume else writes)("--checkpoint", args.checkpoint),
+            writes("--ship", args.ship or None),
+            writes("--ship's tokenizer", ship_tokenizer(args.ship) if args.ship else None)]
+
+
+def check_flags(args):
+    """Flags of the other mode are usage errors (``--budget``, ``--sweep`` without ``--predict``;
+    ``--resume`` with it); a budget gives finite work (at most ``MAX_BUDGET``)."""
+    if args.predict:
+        if args.resume:
+            raise ValueError("--resume: continues a run; --predict makes a plan, expected one "
+                             "of the two, got both")
+        if args.budget is not None and args.budget > MAX_BUDGET:
+            raise ValueError(f"--budget: expected at most {MAX_BUDGET:g} FLOPs (years of a CPU), "
+                             f"got {args.budget:g}")
+        args.budget = DEFAULT_BUDGET if args.budget is None else args.budget
+        args.sweep = args.sweep or DEFAULT_SWEEP
+        return
+    for flag, value in (("--budget", args.budget), ("--sweep", args.sweep)):
+        if value is not None:
+            raise ValueError(f"{flag}: applies to the prediction; expected --predict with it "
+                             f"(a run reads its plan from --out)")
+
+
+def _number(x, ok=lambda v: True):
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and np.isfinite(x) and ok(x)
+
+
+def _count(x, low, high):
+    return isinstance(x, int) and not isinstance(x, bool) and low <= x <= high
+
+
+def check_plan(pred, path):
+    """UsageError naming ``--out`` unless ``pred`` holds a plan the run can train (sizes in range,
+    heads that divide the width, a vocabulary BPE can make) and a prediction of numbers."""
+    def bad(what):
+        return UsageError(f"--out: expected a long-run prediction in {path!r} (long-run --predict), "
+                          f"got {what}")
+    missing = [k for k in ("plan", "predicted_nats_per_char", "predicted_interval") if k not in pred]
+    if missing:
+        raise bad(f"one missing {missing}")
+    plan = pred["plan"]
+    if not isinstance(plan, dict):
+        raise bad(f"a plan of type {type(plan).__name__}")
+    shape = plan.get("shape")
+    if not (isinstance(shape, list) and len(shape) == 2 and _count(shape[0], 1, 64)
+            and _count(shape[1], 1, 4096)):
+        raise bad(f"the shape {shape!r} (expected [layers 1..64, width 1..4096])")
+    if shape[1] % heads(shape[1]):
+        raise bad(f"the width {shape[1]}, which its {heads(shape[1])} heads do not divide")
+    limits = dict(vocab_size=(256, 65536), block_size=(1, 4096), batch_size=(1, 4096),
+                  seed=(0, 2 ** 32 - 1), steps=(1, 10 ** 8))
+    for key, (low, high) in limits.items():
+        if not _count(plan.get(key), low, high):
+            raise bad(f"plan {key} {plan.get(key)!r} (expected an integer from {low} to {high:,})")
+    if not _number(plan.get("lr"), lambda v: 0 < v <= 1):
+        raise bad(f"plan lr {plan.get('lr')!r} (expected a number in (0, 1])")
+    if not _number(plan.get("flops"), lambda v: v > 0):
+        raise bad(f"plan flops {plan.get('flops')!r} (expected a number > 0)")
+    interval = pred["predicted_interval"]
+    if not _number(pred["predicted_nats_per_char"]) or not (
+            isinstance(interval, list) and len(interval) == 2 and all(map(_number, interval))
+            and interval[0] <= interval[1]):
+        raise bad(f"the prediction {pred['predicted_nats_per_char']!r} with interval "
+                  f"{interval!r} (expected a number and [low, high])")
 
 
 def _read_json(path, flag, what):
@@ -196,15 +280,21 @@ def _read_json(path, flag, what):
 
 
 def predict_main(args):
-    check_paths([("--sweep", args.sweep)], [("--out", args.out)])
     if os.path.exists(args.out):
         raise UsageError(f"--out: {args.out} already holds a prediction; a prediction is made once, "
                          f"before its run (move the file to predict anew)")
+    args.sweep, args.budget = args.sweep or DEFAULT_SWEEP, args.budget or DEFAULT_BUDGET
     sweep = _read_json(args.sweep, "--sweep", "a scaling-sweep result")
     if not isinstance(sweep.get("runs"), list) or not isinstance(sweep.get("corpora"), dict):
         raise UsageError(f"--sweep: expected a scaling-sweep result in {args.sweep!r}, got JSON of another kind")
     t0 = time.perf_counter()
-    pred = predict_plan(sweep, args.budget)
+    try:
+        pred = predict_plan(sweep, args.budget)
+    except UsageError:
+        raise
+    except MALFORMED as e:                               # the file's content: data from outside
+        raise UsageError(f"--sweep: expected a scaling-sweep result in {args.sweep!r}, got one "
+                         f"that cannot be fitted ({type(e).__name__}: {e})") from None
     pred["prediction_provenance"] = dict(record("long-run"), seconds=time.perf_counter() - t0)
     write_json(args.out, pred)
     p, f = pred["plan"], pred["fit"]["constants"]
@@ -255,30 +345,35 @@ def plays_vocabulary():
 
 
 def run_main(args):
-    # --out is read and then completed (its prediction's keys kept); --checkpoint is the run's own
-    check_paths([("--out", args.out)],
-                [("--checkpoint", args.checkpoint)] + ([("--ship", args.ship)] if args.ship else []))
     if args.resume and not os.path.exists(args.checkpoint):
         raise UsageError(f"--resume: expected a checkpoint to continue at {args.checkpoint!r}, "
                          f"but there is no such file")
     pred = _read_json(args.out, "--out", "a long-run prediction (long-run --predict)")
-    missing = [k for k in ("plan", "predicted_nats_per_char", "predicted_interval") if k not in pred]
-    if missing:
-        raise UsageError(f"--out: expected a long-run prediction in {args.out!r}, missing {missing}")
+    check_plan(pred, args.out)
     if "val_nats_per_char" in pred:
         raise UsageError(f"--out: {args.out} already holds the run's result "
                          f"({pred['val_nats_per_char']:.4f} nats/char)")
     if not args.resume and os.path.exists(args.checkpoint):
         raise UsageError(f"--checkpoint: {args.checkpoint} exists; pass --resume to continue it, "
                          f"or another path")
+    if args.resume:                                  # its kind, before the corpus is prepared
+        read_checkpoint_file("--checkpoint", args.checkpoint, "a checkpoint of this plan's run to "
+                             "--resume (saved by long-run)")
     plan = pred["plan"]
     run = dict(shape=plan["shape"], vocab_size=plan["vocab_size"], block_size=plan["block_size"],
                batch_size=plan["batch_size"], seed=plan["seed"], lr=plan["lr"], steps=plan["steps"])
     corpus = prepare(plan["vocab_size"])
+    if corpus.tokenizer.vocab_size != plan["vocab_size"]:
+        raise UsageError(f"--out: expected a plan whose vocab_size BPE can make of the plays, got "
+                         f"{plan['vocab_size']} ({corpus.tokenizer.vocab_size} at most)")
     model, opt = build(run)
     start, extra = 0, dict(evals=[], seconds=0.0)
     if args.resume:
-        meta = load_checkpoint(args.checkpoint, model, opt, config=model.config)
+        try:
+            meta = load_checkpoint(args.checkpoint, model, opt, config=model.config)
+        except MALFORMED as e:
+            raise UsageError(f"--checkpoint: expected a checkpoint of this plan's run to --resume, "
+                             f"got {args.checkpoint!r}: {str(e).removeprefix('path: ')}") from None
         start = int(meta["step"])
         extra = dict(evals=list(meta["extra"].get("evals", [])),
                      seconds=float(meta["extra"].get("seconds", 0.0)))
@@ -347,13 +442,18 @@ def ship(model, corpus, path, val_x, val_y):
     nats/char. A file larger than ``SHIP_BYTES`` is not kept."""
     import copy
     from ..scaling.quantize import quantize_model, save_quantized
+    import shutil
+    import tempfile
+    from ..atomic import atomic_open
     q = quantize_model(copy.deepcopy(model), "w8")
-    save_quantized(path, q)
-    size = os.path.getsize(path)
-    if size > SHIP_BYTES:
-        os.remove(path)
-        return dict(path=None, bytes=size, reason=f"larger than {SHIP_BYTES:,} bytes")
-    tok_path = os.path.join(os.path.dirname(path), os.path.basename(SHIPPED_TOKENIZER))
+    with tempfile.TemporaryDirectory() as scratch:          # measured before ``path`` is touched
+        made = save_quantized(os.path.join(scratch, "w8.npz"), q)
+        size = os.path.getsize(made)
+        if size > SHIP_BYTES:                               # an existing --ship file is kept
+            return dict(path=None, bytes=size, reason=f"larger than {SHIP_BYTES:,} bytes")
+        with open(made, "rb") as src, atomic_open(path, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    tok_path = ship_tokenizer(path)
     corpus.tokenizer.save(tok_path)
     return dict(path=path, tokenizer=tok_path, bytes=size, scheme="w8",
                 val_nats_per_char=corpus.windows_nats_per_char(q, val_x, val_y))

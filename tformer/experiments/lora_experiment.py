@@ -67,6 +67,12 @@ def add_arguments(p):
     add_flag(p, "--time-rounds", 15, "interleaved rounds of step timing")
 
 
+def files(args):
+    """What the command writes (``tformer.runs.declare``): ``--out``."""
+    from ..runs.declare import writes
+    return [writes("--out", args.out)]
+
+
 def check_args(args):
     if args.steps < 20:
         raise ValueError(f"--steps: expected at least 20 (the warm-up is a tenth), got {args.steps}")

@@ -52,6 +52,21 @@ def add_arguments(p):
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
 
 
+def files(args):
+    """What the command writes (``tformer.runs.declare``): ``--out``; one rank of a job
+    (``--worker SPEC``) writes its result to the spec's ``out`` instead."""
+    from ..runs.declare import writes
+    if args.worker is None:
+        return [writes("--out", args.out)]
+    try:
+        spec = json.loads(args.worker)
+        out = spec["out"]
+    except (ValueError, TypeError, KeyError) as e:
+        raise ValueError(f"--worker: expected a job's JSON spec with its 'out', got "
+                         f"{args.worker[:60]!r} ({type(e).__name__}: {e})") from None
+    return [writes("--worker", out)]
+
+
 # -- the bodies of the jobs (one rank each) ----------------------------------------------------
 
 def allreduce_times(world, lengths, reps):

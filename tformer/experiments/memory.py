@@ -68,6 +68,13 @@ def add_arguments(p):
 
 
 
+def files(args):
+    """What the command reads and writes (``tformer.runs.declare``): ``--out``, whose entries of
+    the parts not run are kept (read if it exists)."""
+    from ..runs.declare import updates
+    return [updates("--out", args.out)]
+
+
 def setup(T, L, k, B=8, d_model=128, n_heads=4, vocab_size=256, seed=0):
     """``(model, step)``: a TinyGPT of L blocks (checkpointing in segments of k; k = 0: off) and one
     training step on fixed random tokens ``(B, T)``."""

@@ -44,6 +44,13 @@ def add_arguments(p):
     p.add_argument("--tile-rounds", type=int, default=5, help="interleaved rounds of the tile sweep")
 
 
+def files(args):
+    """What the command reads and writes (``tformer.runs.declare``): ``--out``, whose entries of
+    the parts not run are kept (read if it exists)."""
+    from ..runs.declare import updates
+    return [updates("--out", args.out)]
+
+
 def inputs(T, B, H, D, seed=0):
     """q, k, v, dY: (B, H, T, D) float32, seeded."""
     import numpy as np

@@ -41,7 +41,7 @@ from ..data.meter import scans
 from ..kernels.losses import log_softmax
 from ..runs.flags import UsageError, add_flag
 from ..scaling.quantize import dequantized
-from ..runs.paths import check_paths
+from ..runs.declare import reads, writes
 from ..tune import Pairs, objective, tune
 from .long_run import load_shipped
 from .provenance import load_average, record
@@ -72,15 +72,19 @@ def add_arguments(p):
                    "(prompt, chosen, rejected), the input of `python -m tformer finetune --dpo`")
 
 
+def files(args):
+    """What the command reads and writes (``tformer.runs.declare``): the long run's shipped
+    model, its tokenizer and its plan; ``--out`` and ``--pairs-out``."""
+    from .long_run import DEFAULT_OUT as PLAN, SHIPPED_MODEL, SHIPPED_TOKENIZER
+    return [reads("the long run's model", SHIPPED_MODEL), reads("its tokenizer", SHIPPED_TOKENIZER),
+            reads("its plan", PLAN), writes("--out", args.out), writes("--pairs-out", args.pairs_out)]
+
+
 def check_args(args):
     if args.steps < 10:
         raise UsageError(f"--steps: expected at least 10 (a tenth is the warm-up), got {args.steps}")
     if len(args.seeds) < 2 or len(set(args.seeds)) != len(args.seeds):
         raise UsageError(f"--seeds: expected at least two different seeds, got {args.seeds}")
-    from .long_run import DEFAULT_OUT as PLAN, SHIPPED_MODEL, SHIPPED_TOKENIZER
-    check_paths([("the long run's model", SHIPPED_MODEL), ("its tokenizer", SHIPPED_TOKENIZER),
-                 ("its plan", PLAN)],
-                [("--out", args.out)] + ([("--pairs-out", args.pairs_out)] if args.pairs_out else []))
 
 
 # --- the data ----------------------------------------------------------------------------------

@@ -41,14 +41,15 @@ from ..bench.flops import train_step_flops
 from ..models.tinygpt import TinyGPT
 from ..optim import AdamW
 from ..progress import progress
-from ..runs.flags import UsageError, positive_float, positive_int
-from ..runs.paths import check_paths
+from ..runs.flags import UsageError, nonnegative_int, positive_float, positive_int
+from ..runs.declare import updates
 from ..schedules import cosine_with_warmup
 from ..train import train
 from .provenance import load_average, now, record
 from .scaling_corpus import prepare
 
 DEFAULT_OUT = "book/data/scaling_sweep.json"
+MAX_VOCAB = 65536
 # (n_layers, d_model): heads of width about 32 (C/32 of them, rounded, at least one), N_mm growing
 # by 1.1-2× a rung (at V = 8192 the LM head, C·V, is most of N_mm on the lower rungs).
 SHAPES = ((2, 16), (2, 32), (2, 48), (2, 64), (2, 96), (3, 96), (3, 128), (4, 128), (4, 160),
@@ -246,7 +247,8 @@ def add_arguments(p):
     p.add_argument("--sizes", type=positive_int, default=5, help="model shapes per budget")
     p.add_argument("--vocab-sizes", type=positive_int, nargs="+", default=[DEFAULT_VOCAB],
                    help="BPE vocabularies V (256: bytes), each trained on the training split")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds, one run per seed")
+    p.add_argument("--seeds", type=nonnegative_int, nargs="+", default=[0],
+                   help="seeds, one run per seed")
     p.add_argument("--shapes", type=parse_shape, nargs="+", default=list(SHAPES),
                    help="the ladder of shapes LAYERSxWIDTH to choose from (e.g. 4x128)")
     p.add_argument("--lr", type=positive_float, default=RECIPE["lr"], help="peak learning rate")
@@ -267,10 +269,17 @@ def parse_shape(text):
     return L, C
 
 
+def files(args):
+    """What the command reads and writes (``tformer.runs.declare``): ``--out``, whose runs of the
+    same setup are kept (read if it exists)."""
+    return [updates("--out", args.out)]
+
+
 def check_args(args):
-    """Vocabularies ≥ 256, seeds and vocabularies distinct, ``--out`` writable."""
-    if min(args.vocab_sizes) < 256:
-        raise ValueError(f"--vocab-sizes: expected sizes ≥ 256 (the 256 bytes), got {args.vocab_sizes}")
+    """Vocabularies ≥ 256, seeds and vocabularies distinct."""
+    if min(args.vocab_sizes) < 256 or max(args.vocab_sizes) > MAX_VOCAB:
+        raise ValueError(f"--vocab-sizes: expected sizes ≥ 256 (the 256 bytes) and at most "
+                         f"{MAX_VOCAB:,} (BPE merges of the plays' text), got {args.vocab_sizes}")
     for name in ("vocab_sizes", "seeds", "budgets"):
         values = getattr(args, name)
         if len(set(values)) != len(values):
@@ -278,7 +287,8 @@ def check_args(args):
     if args.sizes > len(args.shapes):
         raise ValueError(f"--sizes: expected at most {len(args.shapes)} (the ladder of --shapes), "
                          f"got {args.sizes}")
-    check_paths([], [("--out", args.out)])
+    from ..runs.declare import check
+    check(files(args))                   # python -m tformer checked it already; main calls this too
 
 
 def load_previous(path, setup):
@@ -299,6 +309,11 @@ def load_previous(path, setup):
         if json.loads(json.dumps(value)) != old.get(name):
             raise UsageError(f"--out: {path} holds runs of another {name} ({old.get(name)!r}, now "
                              f"{value!r}); write to another --out or move the file")
+    bad = next((r for r in old.get("runs", []) if not isinstance(r, dict)
+                or not isinstance(r.get("key"), str)), None)
+    if bad is not None:
+        raise UsageError(f"--out: expected a scaling-sweep result to resume in {path!r}, got a run "
+                         f"without its key: {str(bad)[:80]}")
     return {r["key"]: r for r in old.get("runs", [])}
 
 

@@ -65,6 +65,12 @@ def add_arguments(p):
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch twin's run")
 
 
+def files(args):
+    """What the command writes (``tformer.runs.declare``): ``--out``."""
+    from ..runs.declare import writes
+    return [writes("--out", args.out)]
+
+
 def check_args(args):
     """``--steps`` longer than the warm-up, ``--seeds`` distinct (ValueError naming the flag)."""
     if args.steps <= RECIPE["warmup"]:

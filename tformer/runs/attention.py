@@ -51,6 +51,15 @@ def add_arguments(parser):
     add_common_arguments(parser, DEFAULTS)
 
 
+def check_flags(args):
+    """The batch's activations (B·T·C, B·T·T, and the held-out batches of 64) fit in memory.
+    The two-layer transformer's run shares it."""
+    from .flags import activation_fits
+    for B in (args.batch_size, 64 * args.eval_batches):
+        activation_fits("--batch-size, --seq-len, --d-model, --eval-batches",
+                        (B, args.seq_len, max(args.d_model, args.seq_len)))
+
+
 def fit(model, args, make_batch, held, name):
     """Train ``model`` on batches ``make_batch(i, ...)`` with the flags in ``args``; print and return
     ``(history, final held-out metrics)``."""
@@ -91,6 +100,13 @@ def fit(model, args, make_batch, held, name):
 
 def _run_config(args):
     return {k: getattr(args, k) for k in ("seq_len", "batch_size", "lr", "weight_decay", "eps")}
+
+
+def files(args):
+    """What the run writes (``tformer.runs.declare``): ``--checkpoint`` (at the end), ``--log``.
+    The two-layer transformer's run shares it."""
+    from .declare import writes
+    return [writes("--checkpoint", args.checkpoint), writes("--log", getattr(args, "log", None))]
 
 
 def main(args):

@@ -56,6 +56,12 @@ def add_arguments(parser):
                         new="--steps", note=" (N epochs are N·⌈n_train / batch_size⌉ steps)")
 
 
+def files(args):
+    """What the run writes (``tformer.runs.declare``): ``--log``."""
+    from .declare import writes
+    return [writes("--log", getattr(args, "log", None))]
+
+
 def check_args(args):
     """The flags that must agree (ValueError naming them): ``--n-heads`` divides an even
     ``--d-model``; the old ``--epochs`` and ``--steps`` are not both given."""

@@ -15,7 +15,7 @@ means the file is malformed, never a bug to show as a traceback.
 import numpy as np
 
 from ..bpe import BPETokenizer
-from ..checkpoint import read_checkpoint
+from ..checkpoint import read_checkpoint, read_npz
 from ..models.tinygpt import TinyGPT
 from ..scaling.quantize import load_model
 from .flags import UsageError
@@ -62,11 +62,46 @@ def _what_it_is(meta):
     return None
 
 
+def _size(config, key):
+    value = config.get(key, 1)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"its config's {key} is {value!r}, not an integer ≥ 1")
+    return value
+
+
+def check_sizes(meta, arrays):
+    """ValueError if the model that ``meta``'s config describes is far larger than the weights
+    ``arrays`` hold (``{name: array}``, any prefix): a config that claims 200,000 blocks beside
+    one is refused before a model is built. The weights of a block stack, ``L·(4C² + 3C·F)``,
+    the embeddings ``V·C`` and positions ``T·C`` may not exceed four times the numbers stored."""
+    config = meta.get("config")
+    if not isinstance(config, dict):
+        return
+    L, C, V, T = (_size(config, k) for k in ("n_layers", "d_model", "vocab_size", "max_len"))
+    F = config.get("d_ff") or 4 * C
+    F = _size({"d_ff": F}, "d_ff")
+    if config.get("lora"):
+        return                                   # a LoRA run's checkpoint: its adapters alone
+    blocks = {n.split("/")[-1].split(".")[1] for n in arrays
+              if n.split("/")[-1].startswith("blocks.")}
+    if blocks and len(blocks) != L:
+        raise ValueError(f"its config claims n_layers {L:,}, its arrays hold {len(blocks)} blocks")
+    claimed = L * (4 * C * C + 3 * C * F) + V * C + T * C
+    stored = sum(int(np.asarray(a).size) for a in arrays.values())
+    if claimed > 4 * stored + 1_000_000:
+        raise ValueError(f"its config claims a model of about {claimed:,} weights, its arrays hold "
+                         f"{stored:,} numbers")
+
+
 def read_checkpoint_file(flag, path, expected=CHECKPOINT, int8=False):
     """``(meta, model_state, optim_state)`` of the checkpoint ``path`` given as ``flag``, or a
-    UsageError; ``int8``: an int8 checkpoint is accepted too."""
+    UsageError; ``int8``: an int8 checkpoint is accepted too. Its config is checked against its
+    arrays (``check_sizes``) before anything is built from it."""
     try:
-        meta, model_state, optim_state = read_checkpoint(path)
+        meta, arrays = read_npz(path)
+        model_state = {k[6:]: v for k, v in arrays.items() if k.startswith("model/")}
+        optim_state = dict(meta.get("optim_scalars", {}))
+        optim_state.update({k[6:]: v for k, v in arrays.items() if k.startswith("optim/")})
         why = _what_it_is(meta)
         if why and not (int8 and "quantized" in meta and isinstance(meta.get("config"), dict)):
             raise ValueError(why)
@@ -74,6 +109,7 @@ def read_checkpoint_file(flag, path, expected=CHECKPOINT, int8=False):
                                            if isinstance(v, np.ndarray)}})
         if bad:
             raise ValueError(f"its array {bad!r} holds NaN or infinite values")
+        check_sizes(meta, {k: v for k, v in arrays.items() if not k.startswith("optim/")})
     except MALFORMED as e:
         raise _usage(flag, expected, path, e) from None
     return meta, model_state, optim_state

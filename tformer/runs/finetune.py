@@ -15,7 +15,7 @@ from ..checkpoint import load_checkpoint
 from ..lora import Adapters, apply_lora, fingerprint, resolve_targets
 from ..lora_file import save_adapter
 from .files import MALFORMED, load_adapter_file, read_checkpoint_file
-from .flags import UsageError, positive_float, positive_int
+from .flags import UsageError, lora_alpha, positive_int
 
 # What --base sets from the base checkpoint's config: the model's shape and block.
 SHAPE_FLAGS = {"d_model": "d_model", "n_heads": "n_heads", "n_layers": "n_layers",
@@ -32,7 +32,7 @@ def add_arguments(p):
                         "without --lora every parameter is trained")
     g.add_argument("--lora", metavar="R", type=positive_int, default=None,
                    help="train only rank-R LoRA adapters on --lora-targets of the --base model")
-    g.add_argument("--lora-alpha", type=positive_float, default=None,
+    g.add_argument("--lora-alpha", type=lora_alpha, default=None,
                    help="α of the adapters' scale s = α / R (default R: s = 1)")
     g.add_argument("--lora-targets", default=None,
                    help="comma-separated layer names: qkv, o, fc1, fc2, lm_head, or the groups "
@@ -82,13 +82,21 @@ def check_args(args):
         if args.zero:
             raise ValueError("--zero: shards a full optimizer state; LoRA's is a few kilobytes, "
                              "expected no --zero with --lora")
-        if args.checkpoint == "checkpoints/tinygpt.npz":         # the run's default: not the base's
-            args.checkpoint = LORA_CHECKPOINT
-        if args.adapter is None:
-            args.adapter = os.path.splitext(args.checkpoint)[0] + ".adapter.npz"
+        settle_outputs(args)
     if os.path.abspath(args.checkpoint) == os.path.abspath(args.base):
         raise ValueError(f"--checkpoint: expected another file than --base (the run would "
                          f"overwrite its base model), got {args.checkpoint!r}")
+
+
+def settle_outputs(args):
+    """With ``--lora`` and ``--base``: the run's default ``--checkpoint`` is ``LORA_CHECKPOINT``
+    (not the base's), ``--adapter`` lies beside it by default. No I/O: ``files`` calls it."""
+    if args.lora is None or args.base is None:
+        return
+    if args.checkpoint == "checkpoints/tinygpt.npz":             # the run's default: not the base's
+        args.checkpoint = LORA_CHECKPOINT
+    if args.adapter is None:
+        args.adapter = os.path.splitext(args.checkpoint)[0] + ".adapter.npz"
 
 
 def targets(text):

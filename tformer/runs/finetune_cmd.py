@@ -43,11 +43,11 @@ from ..scaling.quantize import dequantized
 from ..tune import margins, objective, tune
 from .files import (MALFORMED, check_tokenizer, load_tinygpt_file, load_tokenizer_file,
                     read_checkpoint_file, tokenizer_record)
-from .flags import (UsageError, _number, nonnegative_float, nonnegative_int, positive_float,
+from .flags import (UsageError, _number, dpo_beta, lora_alpha, nonnegative_int, positive_float,
                     positive_int)
 from .finetune import checked_targets
 from .pairs_file import read_pairs
-from .paths import check_paths
+from .declare import reads, writes
 
 DEFAULT_CHECKPOINT = "book/data/long_run_w8.npz"         # tformer.experiments.long_run's shipped
 DEFAULT_TOKENIZER = "book/data/long_run_tokenizer.json"  # model and tokenizer
@@ -85,22 +85,35 @@ def add_arguments(p):
     g = p.add_argument_group("LoRA")
     g.add_argument("--lora", metavar="R", type=positive_int, default=None,
                    help="train rank-R adapters alone (merged into the weights at the end)")
-    g.add_argument("--lora-alpha", metavar="A", type=positive_float, default=None,
+    g.add_argument("--lora-alpha", metavar="A", type=lora_alpha, default=None,
                    help="α of the adapters' scale s = α / R (None: R, s = 1)")
     g.add_argument("--lora-targets", metavar="T", default=None,
                    help=f"comma-separated layer names: qkv, o, fc1, fc2, lm_head, or the groups "
                         f"attn, mlp, all (None: {LORA_TARGETS})")
     p.add_argument("--steps", type=steps_flag, default=STEPS, help="optimizer steps")
-    p.add_argument("--lr", type=nonnegative_float, default=None,
+    p.add_argument("--lr", type=positive_float, default=None,
                    help=f"peak learning rate (None: {LR['lora']:g} with --lora, {LR['full']:g} "
                         f"without)")
-    p.add_argument("--beta", type=positive_float, default=None,
+    p.add_argument("--beta", type=dpo_beta, default=None,
                    help=f"DPO's β, the strength of the pull toward the reference (None: {BETA:g}; "
                         f"with --sft, the β of the implicit reward reported)")
     p.add_argument("--batch-pairs", type=positive_int, default=BATCH_PAIRS,
                    help="pairs per step (at most the file's pairs)")
     p.add_argument("--seed", type=nonnegative_int, default=0,
                    help="seed of the order of the pairs and of the adapters' start")
+
+
+def files(args):
+    """What the command reads and writes (``tformer.runs.declare``): the pairs, the model and its
+    tokenizer (the shipped one with the default ``--checkpoint``), ``--out``."""
+    args.loss, args.pairs = ("dpo", args.dpo) if args.dpo is not None else ("sft", args.sft)
+    args.pairs_flag = f"--{args.loss}"
+    if args.tokenizer is None and args.checkpoint == DEFAULT_CHECKPOINT:
+        args.tokenizer = DEFAULT_TOKENIZER
+    from .pairs_file import EXPECTED
+    return [reads(args.pairs_flag, args.pairs, f"a file of {EXPECTED}"),
+            reads("--checkpoint", args.checkpoint),
+            reads("--tokenizer", args.tokenizer), writes("--out", args.out)]
 
 
 def check_args(args):
@@ -120,11 +133,7 @@ def check_args(args):
         args.lora_targets = LORA_TARGETS
     if args.lr is None:
         args.lr = LR["lora" if args.lora is not None else "full"]
-    if args.tokenizer is None and args.checkpoint == DEFAULT_CHECKPOINT:
-        args.tokenizer = DEFAULT_TOKENIZER
-    check_paths(inputs=[(args.pairs_flag, args.pairs), ("--checkpoint", args.checkpoint),
-                        ("--tokenizer", args.tokenizer)],
-                outputs=[("--out", args.out)])
+    files(args)
     if os.path.exists(args.out):
         _replaceable(args.out)
 

@@ -49,6 +49,54 @@ def nonnegative_float(text):
     return _number(text, float, "a finite number ≥ 0", lambda v: math.isfinite(v) and v >= 0)
 
 
+# The largest learning rate a flag takes: AdamW moves a weight by about lr a step, and at lr = 10
+# a thousand steps already leave any weight a sane model holds; 1e308 makes inf at the first.
+MAX_LR = 10.0
+
+
+def learning_rate(text):
+    """A learning rate: a finite number from 0 to ``MAX_LR``."""
+    nonnegative_float(text)
+    return _number(text, float, f"a finite number ≥ 0 and at most {MAX_LR:g} (a learning rate: "
+                                f"AdamW moves a weight by about lr a step)",
+                   lambda v: math.isfinite(v) and 0 <= v <= MAX_LR)
+
+
+# The smallest temperature > 0: below it logits / T overflow (float32 holds 3.4e38; logits reach
+# 1e3), and what is written is no longer the model's most likely text. 0 is greedy.
+MIN_TEMPERATURE = 1e-30
+
+
+def _temperature_ok(v):
+    return math.isfinite(v) and (v == 0 or v >= MIN_TEMPERATURE)
+
+
+def temperature(text):
+    """A sampling temperature: 0 (greedy) or a finite number ≥ ``MIN_TEMPERATURE``."""
+    nonnegative_float(text)
+    return _number(text, float, f"a finite number ≥ 0: 0 (greedy) or a temperature ≥ "
+                                f"{MIN_TEMPERATURE:g} (below it the logits / T overflow)",
+                   _temperature_ok)
+
+
+# DPO's β: the pull toward the reference; β·Δ log-ratios overflow long before 1e300.
+MAX_BETA = 100.0
+# LoRA's α (the adapters' scale is α / r): a scale of thousands already swamps the base weights.
+MAX_LORA_ALPHA = 1e4
+
+
+def dpo_beta(text):
+    """DPO's β: a number > 0 and at most ``MAX_BETA``."""
+    return _number(text, float, f"a number > 0 and at most {MAX_BETA:g} (β·Δ of the log-ratios "
+                                f"overflows beyond)", lambda v: 0 < v <= MAX_BETA)
+
+
+def lora_alpha(text):
+    """LoRA's α: a number > 0 and at most ``MAX_LORA_ALPHA``."""
+    return _number(text, float, f"a number > 0 and at most {MAX_LORA_ALPHA:g} (the adapters' "
+                                f"scale α / r)", lambda v: 0 < v <= MAX_LORA_ALPHA)
+
+
 def probability(text):
     """A drop probability p in [0, 1)."""
     return _number(text, float, "a probability in [0, 1)", lambda v: 0 <= v < 1)
@@ -115,8 +163,9 @@ def temperatures(text):
     out = []
     for part in (t.strip() for t in text.split(",")):
         if part:
-            out.append(_number(part, float, f"comma-separated finite numbers ≥ 0 (in {text!r})",
-                               lambda v: math.isfinite(v) and v >= 0))
+            out.append(_number(part, float, f"comma-separated finite numbers ≥ 0 (in {text!r}), "
+                                            f"each 0 (greedy) or ≥ {MIN_TEMPERATURE:g}",
+                               _temperature_ok))
     return out
 
 
@@ -130,9 +179,9 @@ FLAGS = {
     "--max-len": (positive_int, "context length T"),
     "--batch-size": (positive_int, "windows per step B"),
     "--steps": (positive_int, "optimizer steps"),
-    "--lr": (nonnegative_float, "peak learning rate"),
-    "--high-lr": (nonnegative_float, "a higher peak learning rate"),
-    "--min-lr": (nonnegative_float, "learning rate at the end of the cosine"),
+    "--lr": (learning_rate, "peak learning rate"),
+    "--high-lr": (learning_rate, "a higher peak learning rate"),
+    "--min-lr": (learning_rate, "learning rate at the end of the cosine"),
     "--min-lr-ratio": (nonnegative_float, "final learning rate / peak"),
     "--warmup": (nonnegative_int, "linear warm-up steps"),
     "--beta2": (probability, "AdamW's β₂"),
@@ -157,6 +206,20 @@ def add_flag(p, flag, default, help=None, **kwargs):
     """Declare ``flag`` on parser (or group) ``p`` with the type of ``FLAGS``."""
     kind, usual = FLAGS[flag]
     return p.add_argument(flag, type=kind, default=default, help=help or usual, **kwargs)
+
+
+# The most numbers one activation of the small systems' runs may hold (B·T·C, B·T·T): 2^28, a
+# GiB of float32; more is a run no one meant on these tasks.
+MAX_ACTIVATION = 2 ** 28
+
+
+def activation_fits(flags, sizes):
+    """``check_flags`` helper: ValueError naming ``flags`` if the product of ``sizes`` (an
+    activation's shape) exceeds ``MAX_ACTIVATION`` numbers."""
+    n = math.prod(sizes)
+    if n > MAX_ACTIVATION:
+        raise ValueError(f"{flags}: expected an activation of at most {MAX_ACTIVATION:,} numbers "
+                         f"(a GiB of float32), got {' × '.join(map(str, sizes))} = {n:,}")
 
 
 def heads_divide(d_model, n_heads, d_flag="--d-model", h_flag="--n-heads", even=False):

@@ -19,8 +19,8 @@ from . import finetune
 from .tinygpt import DEFAULT_CHECKPOINT
 from .files import load_tinygpt  # noqa: F401  (rebuilds a TinyGPT from its checkpoint)
 from .files import check_tokenizer, load_tinygpt_file, load_tokenizer_file
-from .flags import (MAX_NEW_TOKENS, UsageError, min_p, new_tokens, nonnegative_float,
-                    nonnegative_int, positive_int, top_p, utf8_text)
+from .flags import (MAX_NEW_TOKENS, UsageError, min_p, new_tokens, nonnegative_int, positive_int,
+                    temperature, top_p, utf8_text)
 
 
 def add_arguments(p):
@@ -31,7 +31,7 @@ def add_arguments(p):
     p.add_argument("--max-new-tokens", type=new_tokens, default=200,
                    help=f"tokens to generate (at most {MAX_NEW_TOKENS:,}: what the command holds "
                         f"and prints at once)")
-    p.add_argument("--temperature", type=nonnegative_float, default=0.8, help="0 = greedy; > 1 flatter, < 1 sharper")
+    p.add_argument("--temperature", type=temperature, default=0.8, help="0 = greedy; > 1 flatter, < 1 sharper")
     p.add_argument("--top-k", type=positive_int, default=None, help="sample only from the k most likely bytes")
     p.add_argument("--top-p", type=top_p, default=None, help="sample only from the nucleus of mass p, in (0, 1]")
     p.add_argument("--min-p", type=min_p, default=None,
@@ -53,7 +53,16 @@ def add_arguments(p):
 LOOKAHEAD = 4
 
 
-def check_args(args):
+def files(args):
+    """What the command reads (``tformer.runs.declare``); it writes nothing but stdout."""
+    from .declare import reads
+    from .files import CHECKPOINT
+    return [reads("--checkpoint", args.checkpoint, CHECKPOINT, "no checkpoint at that path"),
+            reads("--tokenizer", args.tokenizer),
+            reads("--adapter", getattr(args, "adapter", None)), reads("--draft", args.draft)]
+
+
+def check_flags(args):
     """The prompt holds at least one byte (the model continues something); ``--lookahead`` goes
     with ``--draft``, which decodes through the KV cache (not with ``--no-cache``)."""
     if not args.prompt:

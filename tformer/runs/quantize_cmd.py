@@ -20,7 +20,7 @@ from ..models.transformer import Transformer
 from ..scaling.quantize import SCHEMES, quantize_model, save_quantized
 from .files import MALFORMED, read_checkpoint_file
 from .flags import UsageError, new_tokens, positive_int
-from .paths import check_paths
+from .declare import reads, writes
 
 EXPECTED = "a float checkpoint saved by `python -m tformer run tinygpt` or `run transformer`"
 
@@ -37,9 +37,13 @@ def add_arguments(p):
                    help="TinyGPT: bytes generated to time generation")
 
 
+def files(args):
+    """What the command reads and writes (``tformer.runs.declare``)."""
+    return [reads("CHECKPOINT", args.checkpoint), writes("--out", args.out)]
+
+
 def check_args(args):
-    """``--out`` is neither the checkpoint read nor unwritable; the checkpoint is a float one."""
-    check_paths(inputs=[("CHECKPOINT", args.checkpoint)], outputs=[("--out", args.out)])
+    """The checkpoint is a float one."""
     try:
         read_checkpoint_file("CHECKPOINT", args.checkpoint, EXPECTED)
     except UsageError as e:

@@ -41,10 +41,10 @@ from . import finetune
 from .fits import check_fits
 from .files import (MALFORMED, check_tokenizer, load_tokenizer_file, read_checkpoint_file,
                     tokenizer_record)
-from .flags import (UsageError, bpe_vocab, heads_divide, new_tokens, nonnegative_float,
+from .flags import (UsageError, bpe_vocab, heads_divide, learning_rate, new_tokens, nonnegative_float,
                     nonnegative_int, positive_float, positive_int, probability, resumed_steps,
                     temperatures, text_file, utf8_text)
-from .paths import check_paths
+from .declare import reads, updates, writes
 
 DEFAULT_CHECKPOINT = "checkpoints/tinygpt.npz"
 DEFAULT_PROMPT = "def "
@@ -102,8 +102,8 @@ def add_arguments(p):
     g = p.add_argument_group("training")
     g.add_argument("--steps", type=positive_int, default=500, help="optimizer steps")
     g.add_argument("--batch-size", type=positive_int, default=64, help="windows per step (B)")
-    g.add_argument("--lr", type=nonnegative_float, default=3e-3, help="peak learning rate α")
-    g.add_argument("--min-lr", type=nonnegative_float, default=3e-4, help="learning rate at the end of the cosine")
+    g.add_argument("--lr", type=learning_rate, default=3e-3, help="peak learning rate α")
+    g.add_argument("--min-lr", type=learning_rate, default=3e-4, help="learning rate at the end of the cosine")
     g.add_argument("--warmup", type=nonnegative_int, default=50, help="linear warm-up steps")
     g.add_argument("--weight-decay", type=nonnegative_float, default=0.1, help="λ of the decoupled decay")
     g.add_argument("--clip", type=nonnegative_float, default=1.0, help="clip the global gradient norm to this")
@@ -127,6 +127,22 @@ def add_arguments(p):
     g.add_argument("--temperatures", type=temperatures, default="0.7,0.8,1.0",
                    help="comma-separated temperatures (each ≥ 0)")
     finetune.add_arguments(p)
+
+
+def files(args):
+    """What the run reads and writes (``tformer.runs.declare``): ``--text``, ``--base``, a saved
+    ``--tokenizer``; ``--checkpoint`` (read first with ``--resume``), ``--lora``'s adapter file,
+    ``--bpe``'s tokenizer (default: beside the checkpoint), ``--log``."""
+    finetune.settle_outputs(args)
+    args.tokenizer_out = None
+    if args.bpe is not None:
+        args.tokenizer_out = args.tokenizer or f"{os.path.splitext(args.checkpoint)[0]}.tokenizer.json"
+    from .files import CHECKPOINT
+    return [reads("--text", args.text), reads("--base", args.base, CHECKPOINT),
+            reads("--tokenizer", args.tokenizer if args.bpe is None else None),
+            (updates if args.resume else writes)("--checkpoint", args.checkpoint),
+            writes("--adapter", args.adapter if args.lora is not None else None),
+            writes("--tokenizer", args.tokenizer_out), writes("--log", getattr(args, "log", None))]
 
 
 def check_args(args):
@@ -156,14 +172,7 @@ def check_args(args):
     if (args.bpe or args.tokenizer) and getattr(args, "base", None):
         raise ValueError("--bpe, --tokenizer: a fine-tuned --base model keeps its own vocabulary; "
                          "expected neither with --base")
-    args.tokenizer_out = None
-    if args.bpe is not None:
-        args.tokenizer_out = args.tokenizer or f"{os.path.splitext(args.checkpoint)[0]}.tokenizer.json"
-    check_paths(inputs=[("--text", args.text), ("--base", getattr(args, "base", None)),
-                        ("--tokenizer", args.tokenizer if args.bpe is None else None)],
-                outputs=[("--checkpoint", args.checkpoint),
-                         ("--adapter", args.adapter if args.lora is not None else None),
-                         ("--tokenizer", args.tokenizer_out), ("--log", getattr(args, "log", None))])
+    files(args)                                # the defaults it settles (checked before)
     args.loaded_tokenizer = None
     if args.bpe is None and args.tokenizer:
         args.loaded_tokenizer = load_tokenizer_file("--tokenizer", args.tokenizer)

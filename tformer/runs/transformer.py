@@ -29,9 +29,9 @@ from ..optim import Adam, cosine_with_warmup, noam_lr
 from ..scaling.precision import PRECISIONS, precision_policy
 from ..train import train
 from .files import MALFORMED, read_checkpoint_file
-from .flags import (UsageError, at_least_two, heads_divide, nonnegative_float, nonnegative_int,
-                    positive_float, positive_int, probability, resumed_steps)
-from .paths import check_paths
+from .flags import (UsageError, at_least_two, heads_divide, learning_rate, nonnegative_float,
+                    nonnegative_int, positive_float, positive_int, probability, resumed_steps)
+from .declare import updates, writes
 
 DEFAULT_CHECKPOINT = "checkpoints/transformer.npz"
 EXPECTED_RESUME = ("a checkpoint of this run to --resume (saved by `python -m tformer run "
@@ -79,7 +79,7 @@ def add_arguments(p):
                         "sorted an eighth of that)")
     g.add_argument("--pool-size", type=positive_int, default=1024,
                    help="bucketed: sequences sorted by length together")
-    g.add_argument("--lr", type=nonnegative_float, default=2e-3,
+    g.add_argument("--lr", type=learning_rate, default=2e-3,
                    help="peak learning rate (reached at step --warmup)")
     g.add_argument("--schedule", choices=("cosine", "noam"), default="cosine",
                    help="cosine with linear warm-up to --lr, or lr·√warmup·min(step^-0.5, step·warmup^-1.5)")
@@ -110,20 +110,28 @@ def add_arguments(p):
                    help="exit status 1 if greedy exact match ends below this (0: never)")
 
 
+def files(args):
+    """What the run writes (``tformer.runs.declare``): ``--checkpoint`` (read first with
+    ``--resume``) and ``--log``."""
+    return [(updates if args.resume else writes)("--checkpoint", args.checkpoint),
+            writes("--log", getattr(args, "log", None))]
+
+
 def check_args(args):
     """The flags that must agree (ValueError naming them): ``--min-len ≤ --max-len``, ``--n-heads``
-    divides an even ``--d-model``, a ``--max-tokens`` budget holds one padded row, and the
-    outputs (``--checkpoint``, ``--log``) are two files that can be written."""
+    divides an even ``--d-model``, and a ``--max-tokens`` budget holds one padded row."""
     if args.min_len > args.max_len:
         raise ValueError(f"--min-len: expected at most --max-len = {args.max_len}, got {args.min_len}")
     heads_divide(args.d_model, args.n_heads, even=True)
+    vocab = 4 + args.n_symbols                     # SequenceTask: PAD, BOS, SEP, EOS and the symbols
+    if args.beam_width > vocab:
+        raise ValueError(f"--beam-width: expected at most the vocabulary, {vocab} tokens (4 + "
+                         f"--n-symbols), got {args.beam_width}")
     row = 2 * args.max_len + 2                     # SequenceTask.seq_len: the longest model input
     if args.batching in ("bucketed", "sorted") and args.max_tokens is not None \
             and args.max_tokens < row:
         raise ValueError(f"--max-tokens: expected at least one row of 2·--max-len + 2 = {row} "
                          f"positions, got {args.max_tokens}")
-    check_paths(inputs=[], outputs=[("--checkpoint", args.checkpoint),
-                                    ("--log", getattr(args, "log", None))])
 
 
 def make_schedule(args):
