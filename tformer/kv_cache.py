@@ -12,10 +12,10 @@ as they train. The model knows nothing of it (nanoGPT keeps ``generate`` out of 
 same way); ``tformer.generate`` calls it.
 
 One new token per sequence through TinyGPT's default block has a lean path,
-``tformer.fast.decode``: the same NumPy calls on the same arrays in a fifth of the Python calls,
-every linear map through its own layer's ``rows`` (tests/test_decode.py holds it bit for bit equal
-to the general path). It is taken where the model's blocks are that block and no kernel would split
-its work across threads.
+``tformer.fast.decode``: the same NumPy calls on the same arrays in a fraction of the Python
+calls (the chapter "Performance" counts both), every linear map through its own layer's
+``rows`` (tests/test_decode.py holds it bit for bit equal to the general path). It is taken where
+the model's blocks are that block and no kernel would split its work across threads.
 
 A model decodes with a cache when it has ``embed(tokens, start)``, ``blocks`` whose attention
 layers make caches (``new_cache``), ``ln_f``, ``lm_head`` and ``max_len`` (TinyGPT, with every
@@ -99,7 +99,7 @@ def _lean_blocks(model):
 
 def lean_step(model, tokens, caches, start):
     """One new token per sequence after ``start`` cached ones, through ``fast.decode``: the
-    general path's arithmetic in a fifth of the Python calls. -> (B, 1, V)."""
+    general path's arithmetic in a fraction of the Python calls. -> (B, 1, V)."""
     x = model.embed(tokens, start)[:, 0]                    # (B, C), a fresh gather
     C = x.shape[1]
     ones_C, ones_L = np.full(C, 1.0 / C, x.dtype), np.ones(model.max_len, x.dtype)

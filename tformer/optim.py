@@ -157,8 +157,7 @@ class Optimizer:
         Every update is elementwise, so a block is updated exactly as the whole would be; but a
         block's dozen passes (moments, bias correction, √, division, decay) then run over a few
         MiB that stay in cache instead of streaming the whole parameter from memory once per pass
-        (measured on TinyGPT-large: 19 ms per step instead of 26; smaller blocks lose more to
-        Python's per-call overhead than they gain).
+        (smaller blocks would lose more to Python's per-call overhead than they gain).
         """
         for a in range(lo, hi, _BLOCK):
             b = min(a + _BLOCK, hi)

@@ -211,8 +211,7 @@ class _Workers:
         A thread woken by another is placed by Linux, as a rule, on the waker's CPU when it
         judges the two to share data ("wake-affine"), even with another CPU idle; measured on
         this book's 2-core machine, a worker woken after a pause then ran its part on the
-        caller's core, after the caller's part instead of beside it (a split cross-entropy:
-        1.5 ms instead of 0.9). So before waking them, the workers' affinity is set to the CPUs
+        caller's core, after the caller's part instead of beside it. So before waking them, the workers' affinity is set to the CPUs
         this process may use minus the caller's current one (one system call per worker, only
         when the caller has moved). Not on systems without per-thread affinity, or where the
         caller's CPU cannot be read, or with a single CPU; and never again in this pool once

@@ -75,8 +75,8 @@ def _softmax_shifted_inplace(x, m):
     cheaper one: the query's own score s_ii is in its row (a query always sees itself), so with
     m = s_ii the row sum holds e⁰ = 1 and is ≥ 1, nothing underflows that the maximum would have
     kept, and only an exponent above ln(float max) ≈ 88.7 (float32) can overflow. Finding m is
-    then a strided read of T numbers instead of a reduction over T² (measured: the row maximum
-    was 30 % of a T = 64 softmax). Where a row sum is not a finite number ≥ 1 (overflow, NaN or
+    then a strided read of T numbers instead of a reduction over T² (the chapter "Performance"
+    measures the row maximum's share of a softmax). Where a row sum is not a finite number ≥ 1 (overflow, NaN or
     ±inf among the scores), this returns False and ``x`` is undefined: the caller recomputes
     the scores and takes ``_softmax_inplace``, which shifts by the maximum and raises on NaN.
     float32 and float64 only (low precision goes through ``_softmax_inplace``).
