@@ -34,6 +34,7 @@ def test_20_1_fixed_blocks_give_the_same_bits_for_any_thread_count():
     whole = dy.sum(axis=0)
     assert np.abs(one_thread - whole).max() <= 1e-5 * np.abs(dy).sum(axis=0).max()
     assert len(blocks) == 8 and dy.size == 2**17                   # 8 blocks, 131,072 numbers
+    assert dy.nbytes == 512 * 1024                                 # one pass over 512 KiB
 
 
 def test_20_2_share_of_the_score_matrix_the_causal_tiles_compute():
@@ -169,20 +170,36 @@ def test_21_3_flash_attention_memory_prediction():
     assert M_1.subs(subs) == 755_761_152
     # the plain kernel would add L + 1 copies of B H T² floats (L caches and the work array dS)
     assert (5 * 8 * 4 * 4096**2 * 4) == 10_737_418_240
+    # what the online softmax keeps instead of P: two numbers per row, m and ℓ (2 B H T per
+    # block), on top of the table without its B H T² term, counted on a real model
+    from tformer.models.tinygpt import TinyGPT
+
+    tokens = np.random.default_rng(0).integers(0, 256, (3, 20))
+    model = TinyGPT(d_model=32, n_heads=2, n_layers=3, max_len=20, seed=0, attention="flash")
+    model.forward(tokens)
+    small = {B: 3, T: 20, C: 32, H: 2, d_ff: 128, L: 3, s: 4}
+    table_f = s * (B * T * C + L * M_block_f + B * T * C + 2 * B * T)
+    assert _kept_bytes(model, tokens) == (table_f + s * L * 2 * B * H * T).subs(small)
 
 
 # --- Fewer bits -------------------------------------------------------------------------------
 def test_22_1_the_scaler_from_one():
     from tformer.scaling.precision import DynamicLossScaler
 
+    steps = json.loads((DATA / "fewer_bits.json").read_text())["config"]["steps"]
     sc = DynamicLossScaler(init_scale=1.0)
-    for _ in range(500):
+    interval = sc.growth_interval
+    assert interval == 2000 and steps < interval         # PyTorch's default; the run is shorter
+    for _ in range(steps):
         sc.update(False)
-    assert sc.scale == 1.0                               # 500 clean steps: not one doubling
-    for _ in range(1500):
+    assert sc.scale == 1.0                               # the chapter's run: not one doubling
+    for _ in range(interval - steps):
         sc.update(False)
     assert sc.scale == 2.0                               # the first after 2000
-    assert 16 * 2000 == 32_000                           # 2¹⁶ after 32,000 clean steps
+    assert 16 * interval == 32_000                       # 2¹⁶ after 32,000 clean steps
+    # the chapter's float16 run, at S = 2¹⁶, skipped no step
+    runs = json.loads((DATA / "fewer_bits.json").read_text())["runs"]
+    assert runs["fp16"]["skipped"] == [] and runs["fp16"]["history"]["loss_scale"][0] == 2.0**16
 
 
 def test_22_2_headroom_of_the_loss_scale():
@@ -304,9 +321,10 @@ def test_24_2_two_halves_merge_into_one_pass():
         fa, fb = np.exp(a[0] - m), np.exp(b[0] - m)
         return m, fa * a[1] + fb * b[1], fa * a[2] + fb * b[2]
 
-    m, ell, o = merge(state(s[:17], v[:17]), state(s[17:], v[17:]))
     p = np.exp(s - s.max())
-    assert np.allclose(o / ell, p @ v / p.sum(), rtol=1e-12, atol=1e-12)
+    for cut in range(1, len(s)):                   # whatever the split
+        m, ell, o = merge(state(s[:cut], v[:cut]), state(s[cut:], v[cut:]))
+        assert np.allclose(o / ell, p @ v / p.sum(), rtol=1e-12, atol=1e-12)
 
 
 def test_24_3_dq_is_a_sum_over_key_tiles():
