@@ -45,10 +45,7 @@ def main(args):
     world = get_world()
     model = TinyGPT(d_model=16, n_heads=2, n_layers=2, max_len=T, seed=args.seed, dtype=args.dtype)
     for path in args.freeze:                                   # Module.freeze, by dotted path
-        module = model
-        for name in path.split("."):
-            module = module._children[name]
-        module.freeze()
+        dict(model.named_modules())[path].freeze()
     dp = DataParallel(model, world, zero=args.zero) if world.size > 1 or args.zero else None
 
     def make(m):

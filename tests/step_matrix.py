@@ -66,9 +66,7 @@ class Recorder:
 
 def submodule(model, path):
     """The module at ``path`` (``"blocks.0.attn"``) of ``model``."""
-    for name in path.split("."):
-        model = model._children[name]
-    return model
+    return dict(model.named_modules())[path]
 
 
 def step_grads(config, precision, world=None):

@@ -35,9 +35,7 @@ B, T = 6, 8
 
 
 def submodule(model, path):
-    for name in path.split("."):
-        model = model._children[name]
-    return model
+    return dict(model.named_modules())[path]
 
 
 def frozen_model(paths=FROZEN, **kw):
@@ -172,7 +170,7 @@ def _products(monkeypatch):
 
 
 def _linears(model):
-    return [m for m in model._modules() if isinstance(m, Linear)]
+    return [m for m in model.modules() if isinstance(m, Linear)]
 
 
 def test_a_frozen_weights_product_is_never_formed(monkeypatch):
@@ -261,7 +259,7 @@ def test_unfreeze_trains_again():
     model = frozen_model()
     model.unfreeze()
     assert all(g is not None for _, _, g in model.named_parameters())
-    assert all("backward" not in vars(m) for m in model._modules())
+    assert all("backward" not in vars(m) for m in model.modules())
     ref = TinyGPT(**SHAPE, seed=0)
     for m in (model, ref):
         m.zero_grad()
@@ -300,7 +298,7 @@ def test_lora_trains_what_it_trained_before_freezing(threads):
                 view = Adapters(model)               # ... this view shows only A and B
                 assert trained_names(model) == [n for n, _, _ in view.named_parameters()]
                 assert all(n.endswith((".A", ".B")) for n in trained_names(model))
-                assert all(m.base.is_frozen("W") for m in model._modules() if isinstance(m, LoRALinear))
+                assert all(m.base.is_frozen("W") for m in model.modules() if isinstance(m, LoRALinear))
             hist = train(view, AdamW(view, lr=1e-2, weight_decay=0.0), batch, forward_loss, 3,
                          clip_norm=1.0, progress_bar=False)
             runs.append((model, view, hist))

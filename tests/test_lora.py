@@ -180,7 +180,7 @@ def test_merge_gives_the_same_logits_and_a_plain_model():
     x = tokens()
     unmerged = model.forward(x)
     merge_lora(model)
-    assert not any(isinstance(m, LoRALinear) for m in model._modules())
+    assert not any(isinstance(m, LoRALinear) for m in model.modules())
     assert model.num_parameters() == tiny().num_parameters() and model.flat_buffers() is not None
     assert kv_cache.Decoder(model).lean                       # merged: TinyGPT's lean decode step
     np.testing.assert_allclose(model.forward(x), unmerged, rtol=1e-5, atol=1e-5)

@@ -165,7 +165,7 @@ def test_quantize_model_replaces_every_linear_and_embedding():
     m = quantize_model(tiny(), "w8")
     assert isinstance(m.lm_head, QuantizedLinear) and isinstance(m.wte, QuantizedEmbedding)
     assert isinstance(m.blocks[1].attn.qkv, QuantizedLinear) and isinstance(m.blocks[0].ffn.fc2, QuantizedLinear)
-    assert m.blocks._items[1] is m.blocks[1] and m._children["lm_head"] is m.lm_head
+    assert dict(m.named_modules())["blocks.1"] is m.blocks[1] and dict(m.named_children())["lm_head"] is m.lm_head
     assert m.quantization == "w8" and not m.training
     with pytest.raises(ValueError, match="already quantized"):
         quantize_model(m, "w8")
@@ -186,7 +186,7 @@ def test_file_round_trip_is_exact(scheme, tmp_path):
     fresh = tiny(seed=5)
     meta = load_model(path, fresh)
     assert meta["step"] == 7 and meta["quantized"]["scheme"] == scheme and fresh.quantization == scheme
-    for a, b in zip(m._modules(), fresh._modules()):
+    for a, b in zip(m.modules(), fresh.modules()):
         assert type(a) is type(b)
         if hasattr(a, "q"):
             np.testing.assert_array_equal(a.q, b.q)

@@ -102,7 +102,7 @@ def test_modern_parts_with_defaults_build_tinygpts_block(Block):
     b = Block(8, 2, 16, dtype=np.float64, seed=4, parts=modern_parts())
     c = Block(8, 2, 16, dtype=np.float64, seed=4, parts=TINYGPT_PARTS)
     for m in (b, c):
-        assert [type(x) for x in m._modules()] == [type(x) for x in a._modules()]
+        assert [type(x) for x in m.modules()] == [type(x) for x in a.modules()]
         for (n0, p0, _), (n1, p1, _) in zip(a.named_parameters(), m.named_parameters()):
             assert n0 == n1 and np.array_equal(p0, p1)
     x = np.random.default_rng(5).standard_normal((2, 6, 8))

@@ -85,8 +85,6 @@ M_BLOCK = B * T * (8 * C + H * T + 3 * d_ff + 4)
 
 
 def _kept_bytes(model, tokens):
-    from tformer.scaling.recompute import CACHE_ATTRS
-
     def owner(a):
         while isinstance(a.base, np.ndarray):
             a = a.base
@@ -104,9 +102,8 @@ def _kept_bytes(model, tokens):
             for y in x:
                 visit(y)
 
-    for m in model._modules():
-        for attr in CACHE_ATTRS:
-            visit(getattr(m, attr, None))
+    for m in model.modules():
+        visit(m.saved_values())
     return sum(seen.values())
 
 

@@ -90,6 +90,8 @@ class MultiHeadAttention(Module):
     probabilities; ``self.att`` is None).
     """
 
+    saved = ("_cache", "att", "_rope")      # the kernel's cache, the probabilities P, RoPE's tables
+
     def __init__(self, d_model, n_heads=1, bias=True, fused_qkv=False, causal=False, scale=None,
                  rng=None, dtype=np.float32, init_std=None, seed=0, n_kv_heads=None, rope=False,
                  rope_base=10000.0, attention="plain"):

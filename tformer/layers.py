@@ -1,7 +1,8 @@
 """The ``Module`` base and the layers built from the kernels in ``tformer.functional``.
 
 A module holds ``params`` and ``grads``, two dicts with the same keys. ``forward(x)`` keeps what
-``backward(dy)`` needs (one cache, replaced on every call, so nothing grows between steps);
+``backward(dy)`` needs (one cache, replaced on every call, so nothing grows between steps; each
+class names what it keeps in ``saved``);
 ``backward`` *accumulates* into ``grads`` (``+=``, as micrograd does: residual branches and shared
 weights then just work) and returns ``dx``. Only ``zero_grad()`` clears gradients.
 
@@ -23,7 +24,20 @@ from ._validate import float_array
 
 
 class Module:
-    """Base class: parameters, gradients, children, train/eval mode, state dicts."""
+    """Base class: parameters, gradients, children, train/eval mode, state dicts.
+
+    The seams a strategy (recomputation, the batch cut, precision, freezing, LoRA, int8, decoding)
+    uses, and the only ones: ``modules()`` / ``named_modules()`` (the tree, walked once and kept
+    until it changes), ``replace(path, new)`` (swap a layer), ``bind(attr, array)`` (what a
+    parameter attribute points at), ``share_parameters(source)`` (a replica), and what a layer's
+    forward keeps for its backward, declared by its class in ``saved`` and reached through
+    ``saved_values()``, ``keep(**values)`` and ``clear_saved()``.
+    """
+
+    #: The attributes ``forward`` keeps for ``backward`` (each layer class declares its own).
+    saved = ()
+
+    _tree_version = 0       # changes whenever a child is set or replaced in any module tree
 
     def __init__(self):
         object.__setattr__(self, "params", {})
@@ -31,11 +45,13 @@ class Module:
         object.__setattr__(self, "_children", {})
         object.__setattr__(self, "_param_attrs", {})    # attribute -> parameter key (self.W -> "W")
         object.__setattr__(self, "_frozen", {})         # frozen key -> its gradient's home (see freeze)
+        object.__setattr__(self, "_walk", None)         # (tree version, named modules, modules)
         object.__setattr__(self, "training", True)
 
     def __setattr__(self, name, value):
         if isinstance(value, Module):
             self._children[name] = value
+            Module._tree_version += 1
         key = next((k for k, p in self.params.items() if value is p), None)
         if key is not None:                 # ``self.W = self.add_param("W", ...)`` names a parameter
             self._param_attrs[name] = key
@@ -51,8 +67,8 @@ class Module:
         new = object.__new__(type(self))
         memo[id(self)] = new
         for name, value in self.__dict__.items():
-            object.__setattr__(new, name, copy.deepcopy(value, memo))
-        if self.__dict__.get("_flat") is not None and self.flat_buffers() is not None:
+            object.__setattr__(new, name, None if name == "_walk" else copy.deepcopy(value, memo))
+        if self.flattened() and self.flat_buffers() is not None:
             new.flatten_parameters()
         return new
 
@@ -73,10 +89,10 @@ class Module:
     def named_parameters(self, prefix=""):
         """Yield ``(qualified_name, param, grad)`` for this module's parameters, then its children's;
         ``grad`` is None for a frozen parameter (PyTorch's ``p.grad`` of ``requires_grad=False``)."""
-        for name, p in self.params.items():
-            yield prefix + name, p, None if name in self._frozen else self.grads[name]
-        for cname, child in self._children.items():
-            yield from child.named_parameters(f"{prefix}{cname}.")
+        for path, m in self.named_modules():
+            head = f"{prefix}{path}." if path else prefix
+            for name, p in m.params.items():
+                yield head + name, p, None if name in m._frozen else m.grads[name]
 
     def freeze(self, *keys):
         """Freeze parameters (``requires_grad = False``): ``keys`` of this module (e.g. ``"W"``),
@@ -130,7 +146,7 @@ class Module:
         if unknown:
             raise ValueError(f"keys: expected parameters of {type(self).__name__} among "
                              f"{sorted(self.params)}, got {unknown}")
-        return [(self, keys)] if keys else [(m, tuple(m.params)) for m in self._modules()]
+        return [(self, keys)] if keys else [(m, tuple(m.params)) for m in self.modules()]
 
     def is_frozen(self, key):
         """True if parameter ``key`` of this module is frozen."""
@@ -157,10 +173,114 @@ class Module:
             if g is not None:                          # a frozen parameter has no gradient
                 g.fill(0)
 
-    def _modules(self):
-        yield self
-        for child in self._children.values():
-            yield from child._modules()
+    def named_modules(self):
+        """``(("", self), (path, module), ...)``: every module of the tree, depth first, with its
+        path (``"blocks.0.attn"``). Walked once and kept until a child is set or replaced in any
+        module tree (``__setattr__``, ``replace``)."""
+        walk = self._walk
+        if walk is None or walk[0] != Module._tree_version:
+            found = []
+
+            def visit(m, path):
+                found.append((path, m))
+                for name, child in m._children.items():
+                    visit(child, f"{path}.{name}" if path else name)
+            visit(self, "")
+            walk = (Module._tree_version, tuple(found), tuple(m for _, m in found))
+            object.__setattr__(self, "_walk", walk)
+        return walk[1]
+
+    def modules(self):
+        """Every module of the tree, this one first, depth first (``named_modules`` without the paths)."""
+        walk = self._walk
+        if walk is None or walk[0] != Module._tree_version:
+            self.named_modules()
+            walk = self._walk
+        return walk[2]
+
+    _modules = modules          # the former private name (notebooks' cells still call it)
+
+    def named_children(self):
+        """``[(name, child)]``: the modules directly below this one."""
+        return list(self._children.items())
+
+    def replace(self, path, new):
+        """Put module ``new`` where the module at ``path`` is (``"blocks.0.attn.qkv"``: names of
+        children, list items by their index), in place: the child, its attribute, its list item.
+        Returns the module it replaced. LoRA and int8 swap their layers through this."""
+        if not isinstance(new, Module):
+            raise TypeError(f"new: expected a Module, got {type(new).__name__}")
+        *head, name = path.split(".")
+        parent = self
+        for part in head:
+            parent = parent._children.get(part)
+            if parent is None:
+                break
+        if parent is None or name not in parent._children:
+            raise ValueError(f"path: {path!r} names no module of {type(self).__name__}")
+        old = parent._children[name]
+        parent._children[name] = new
+        if name in vars(parent):
+            object.__setattr__(parent, name, new)
+        if isinstance(parent, ModuleList):
+            parent._items[int(name)] = new
+        Module._tree_version += 1
+        return old
+
+    def bind(self, attr, array):
+        """Point parameter attribute ``attr`` (one of ``param_attributes()``, e.g. ``"W"``) at
+        ``array``: what the forward pass reads from now on (a low-precision copy, the model's array
+        in a replica); ``params`` keeps the parameter itself. ValueError for another attribute."""
+        if attr not in self._param_attrs:
+            raise ValueError(f"attr: expected a parameter attribute of {type(self).__name__} among "
+                             f"{sorted(self._param_attrs)}, got {attr!r}")
+        object.__setattr__(self, attr, array)
+
+    def share_parameters(self, source):
+        """Make this tree (a ``copy.deepcopy`` of ``source``'s) compute with ``source``'s parameters:
+        each ``params`` entry and parameter attribute becomes ``source``'s array (not a copy), the
+        gradients stay this tree's own (after ``flatten_parameters``, its flat buffer of gradients
+        beside ``source``'s of parameters). Returns ``[(source module, module, attribute)]``: the
+        attributes to ``bind`` again when ``source``'s are rebound (mixed precision)."""
+        bindings = []
+        for src, m in zip(source.modules(), self.modules()):
+            m.params.update(src.params)
+            for attr, _ in src.param_attributes():
+                bindings.append((src, m, attr))
+                object.__setattr__(m, attr, getattr(src, attr))
+        if source._flat_state() is not None and self._flat_state() is not None:
+            object.__setattr__(self, "_flat", (source._flat_state()[0], self._flat_state()[1]))
+        return bindings
+
+    def _flat_state(self):
+        return self.__dict__.get("_flat")
+
+    def flattened(self):
+        """True once ``flatten_parameters`` has run on this module (``flat_buffers()`` says whether
+        every parameter still lives there)."""
+        return self._flat_state() is not None
+
+    def saved_values(self):
+        """What this module's forward keeps for its backward: the values of the attributes its
+        class declares in ``saved`` (None where nothing is kept)."""
+        return [getattr(self, name, None) for name in self.saved]
+
+    def keep(self, **values):
+        """Set what this module keeps for its backward: ``values`` for names among ``saved``, None
+        for the others. A step computed beneath the layer (decoding's one-token step) leaves the
+        layer as its own forward would."""
+        unknown = sorted(set(values) - set(self.saved))
+        if unknown:
+            raise ValueError(f"values: expected names among {list(self.saved)}, got {unknown}")
+        for name in self.saved:
+            object.__setattr__(self, name, values.get(name))
+
+    def clear_saved(self):
+        """Drop what this module and every module below it keep for their backward (set to None)."""
+        for m in self.modules():
+            for name in m.saved:
+                if getattr(m, name, None) is not None:
+                    object.__setattr__(m, name, None)
 
     def flatten_parameters(self):
         """Move every parameter into one contiguous buffer and every gradient into another.
@@ -174,7 +294,7 @@ class Module:
         ``grads`` entry stays its scratch array, see ``freeze``). Returns ``(flat_params, flat_grads)``.
         """
         owners, order = {}, []                       # id(param) -> [(module, key)], first-seen order
-        for m in self._modules():
+        for m in self.modules():
             for key, p in m.params.items():
                 if id(p) not in owners:
                     owners[id(p)] = []
@@ -215,7 +335,7 @@ class Module:
             return None
         P, G = flat
         seen, total = set(), 0
-        for m in self._modules():
+        for m in self.modules():
             for key, p in m.params.items():
                 g = m._frozen.get(key, m.grads[key])   # a frozen parameter's place in the buffer
                 if p.base is not P or g.base is not G:
@@ -234,9 +354,8 @@ class Module:
 
     def train(self, mode=True):
         """Training mode (dropout active) for this module and all children."""
-        object.__setattr__(self, "training", bool(mode))
-        for child in self._children.values():
-            child.train(mode)
+        for m in self.modules():
+            object.__setattr__(m, "training", bool(mode))
         return self
 
     def eval(self):
@@ -305,6 +424,8 @@ class Linear(Module):
     PyTorch's ``U(−1/√d_in, 1/√d_in)``; ``b = 0``.
     """
 
+    saved = ("_cache",)
+
     def __init__(self, d_in, d_out, bias=True, rng=None, dtype=np.float32, init_std=None, seed=0):
         super().__init__()
         rng = _rng(rng, seed)
@@ -355,6 +476,8 @@ class Linear(Module):
 class Embedding(Module):
     """E = W[tokens] with ``W: (V, C)`` drawn from ``N(0, init_std²)``."""
 
+    saved = ("_cache",)
+
     def __init__(self, V, C, rng=None, dtype=np.float32, init_std=1.0, seed=0):
         super().__init__()
         rng = _rng(rng, seed)
@@ -380,6 +503,8 @@ class Embedding(Module):
 class LayerNorm(Module):
     """y = γ ⊙ (x − μ)·rstd + β over the last axis; ``gamma = 1``, ``beta = 0`` at init."""
 
+    saved = ("_cache",)
+
     def __init__(self, C, eps=1e-5, dtype=np.float32):
         super().__init__()
         self.eps = eps
@@ -401,6 +526,8 @@ class LayerNorm(Module):
 class Dropout(Module):
     """Inverted dropout with drop probability ``p``; the identity in eval mode."""
 
+    saved = ("_cache",)
+
     def __init__(self, p, rng=None, seed=0):
         super().__init__()
         if not 0.0 <= p < 1.0:
@@ -419,6 +546,8 @@ class Dropout(Module):
 
 class Activation(Module):
     """An elementwise activation by name: ``relu``, ``gelu`` (tanh form), ``gelu_exact``, ``swish``, ``sigmoid``."""
+
+    saved = ("_cache",)
 
     KERNELS = {
         "relu": (fast_act.relu_forward, fast_act.relu_backward, {}),

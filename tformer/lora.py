@@ -53,6 +53,8 @@ class LoRALinear(Module):
     no gradient for an optimizer or the clipping to see); ``backward`` accumulates dA and dB only.
     """
 
+    saved = ("_cache",)
+
     def __init__(self, base, r, alpha, rng=None, seed=0):
         super().__init__()
         if not isinstance(base, Linear):
@@ -107,26 +109,14 @@ class LoRALinear(Module):
 
 
 def _linears(model):
-    """``[(path, parent, child_name, module)]`` for every Linear or LoRALinear, depth first."""
-    found = []
-
-    def walk(module, prefix):
-        for name, child in module._children.items():
-            if isinstance(child, (Linear, LoRALinear)):
-                found.append((prefix + name, module, name, child))
-            else:
-                walk(child, prefix + name + ".")
-    walk(model, "")
+    """``[(path, parent, child_name, module)]`` for every Linear or LoRALinear of ``model`` (not
+    the Linear inside a LoRALinear), depth first."""
+    found, tree = [], dict(model.named_modules())
+    for path, m in tree.items():
+        if path and isinstance(m, (Linear, LoRALinear)) and not any(path.startswith(f[0] + ".") for f in found):
+            parent, _, name = path.rpartition(".")
+            found.append((path, tree[parent], name, m))
     return found
-
-
-def _replace(parent, name, new):
-    """Put ``new`` where child ``name`` of ``parent`` was (attribute, children, list item)."""
-    parent._children[name] = new
-    object.__setattr__(parent, name, new)
-    items = getattr(parent, "_items", None)
-    if items is not None and name.isdigit():
-        items[int(name)] = new
 
 
 def target_names(model):
@@ -172,13 +162,12 @@ def apply_lora(model, r, alpha=None, targets=("attn",), seed=0):
     paths = resolve_targets(model, targets)
     model.freeze()
     rng = np.random.default_rng(seed)
-    for path, parent, name, child in _linears(model):
+    for path, _, _, child in _linears(model):
         if path in paths:
-            _replace(parent, name, LoRALinear(child, r, alpha, rng))
-    object.__setattr__(model, "lora", {"r": r, "alpha": alpha,
-                                       "targets": [targets] if isinstance(targets, str) else list(targets),
-                                       "layers": paths})
-    if getattr(model, "_flat", None) is not None:
+            model.replace(path, LoRALinear(child, r, alpha, rng))
+    model.lora = {"r": r, "alpha": alpha, "targets": [targets] if isinstance(targets, str) else list(targets),
+                  "layers": paths}
+    if model.flattened():
         model.flatten_parameters()
     return paths
 
@@ -186,21 +175,25 @@ def apply_lora(model, r, alpha=None, targets=("attn",), seed=0):
 def merge_lora(model):
     """W ← W + s A B in every ``LoRALinear`` of ``model``, which becomes its plain ``Linear``
     again (in place; returns ``model``): the same function, the base model's speed."""
-    for path, parent, name, child in _linears(model):
+    for path, _, _, child in _linears(model):
         if isinstance(child, LoRALinear):
             child.base.W[...] = child.merged_weight()
-            _replace(parent, name, child.base)
-    object.__setattr__(model, "lora", None)
-    if getattr(model, "_flat", None) is not None:
+            model.replace(path, child.base)
+    model.lora = None
+    if model.flattened():
         model.flatten_parameters()
     return model
 
 
 def base_parameters(model):
     """``[(name, array)]``: the parameters of ``model`` that are not LoRA adapters (each once)."""
-    adapters = {id(m.params[k]) for m in model._modules() if isinstance(m, LoRALinear)
-                for k in ("A", "B")}
-    return [(n, p) for n, p, _ in model._unique_parameters() if id(p) not in adapters]
+    seen = {id(m.params[k]) for m in model.modules() if isinstance(m, LoRALinear) for k in ("A", "B")}
+    found = []
+    for n, p, _ in model.named_parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            found.append((n, p))
+    return found
 
 
 def fingerprint(model):
@@ -227,9 +220,9 @@ class Adapters:
     """
 
     def __init__(self, model):
-        if not any(isinstance(m, LoRALinear) for m in model._modules()):
+        if not any(isinstance(m, LoRALinear) for m in model.modules()):
             raise ValueError("model: has no LoRA adapters (apply_lora first)")
-        object.__setattr__(self, "model", model)
+        self.model = model
 
     def __getattr__(self, name):
         if name == "model":                   # not set yet (a copy being made): no recursion

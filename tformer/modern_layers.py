@@ -15,6 +15,8 @@ from .layers import Dropout, Embedding, LayerNorm, Linear, Module, _rng
 class RMSNorm(Module):
     """y = γ ⊙ x / √(mean(x²) + ε) over the last axis; ``gamma = 1`` at init, no β."""
 
+    saved = ("_cache",)
+
     def __init__(self, C, eps=1e-6, dtype=np.float32):
         super().__init__()
         self.eps = eps
@@ -63,6 +65,8 @@ class SwiGLUFeedForward(Module):
     ``d_ff = swiglu_hidden(4 C)`` for the weights of TinyGPT's 4C GELU network.
     """
 
+    saved = ("_cache",)
+
     def __init__(self, d_model, d_ff, bias=True, dropout=0.0, rng=None, dtype=np.float32,
                  init_std=None, seed=0):
         super().__init__()
@@ -97,6 +101,8 @@ class TiedLinear(Module):
     ``num_parameters``, ``flatten_parameters``, the optimizers and gradient clipping count it once.
     ``b: (V,)`` is the layer's own (zeros at init), or None with ``bias=False``.
     """
+
+    saved = ("_cache",)
 
     def __init__(self, embedding, bias=True):
         super().__init__()

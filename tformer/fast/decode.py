@@ -23,10 +23,9 @@ import math
 import numpy as np
 
 from .. import parallel
-from . import linear as _linear
 from .activations import _gelu_tanh_rows
 from .layernorm import _rows as _ln_rows
-from .linear import _rows as _linear_rows
+from .linear import _MIN_MACS, _rows as _linear_rows
 from ._grouped_heads import _split_axis
 from .softmax import _exp_rows, _softmax_inplace
 
@@ -36,12 +35,12 @@ DTYPES = (np.dtype(np.float32), np.dtype(np.float64))   # float16/bfloat16: gene
 def no_split(B, C, d_ff, H):
     """True when the general kernels run a one-token step of ``B`` rows unsplit: the
     largest product (``B × C × d_ff`` multiply-adds) below two parts of
-    ``linear._MIN_MACS``, attention's ``B`` sequences below its grain, and elementwise
+    ``fast.linear._MIN_MACS``, attention's ``B`` sequences below its grain, and elementwise
     work below two ``parallel.MIN_PART``."""
     if parallel.get_num_threads() == 1:
         return True
     items, grain = _split_axis(np.empty((B, H, 1, C // H), np.float32))
-    return (B * C * d_ff < 2 * _linear._MIN_MACS and items < 2 * grain
+    return (B * C * d_ff < 2 * _MIN_MACS and items < 2 * grain
             and B * d_ff < 2 * parallel.MIN_PART)
 
 
@@ -109,8 +108,8 @@ def block_step(x, blk, cache, ones_C, ones_L):
     qkv = attn.qkv.rows(a).reshape(B, 1, 3 * C)
     H = attn.n_heads
     scale = 1.0 / math.sqrt(C // H) if attn.scale is None else float(attn.scale)
-    merged, attn.att = attention_one(qkv, cache, H, scale, ones_L)
-    attn._cache = None                                   # no backward after a cached step
+    merged, P = attention_one(qkv, cache, H, scale, ones_L)
+    attn.keep(att=P)                                     # P, as its forward keeps it; no backward
     h = attn.o.rows(merged.reshape(B, C))
     h += x                                               # X + MHA(LN(X))
     a = layernorm_rows(h, blk.ln2.gamma, blk.ln2.beta, blk.ln2.eps, ones_C)

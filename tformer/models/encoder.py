@@ -71,7 +71,7 @@ class Encoder(Module):
         """dout = ∂L/∂O: (B, T, d) -> ∂L/∂X: (B, T, d); accumulates into every ``grads``."""
         upstream("dout", dout, self._out)
         dh = dout
-        for block in reversed(self.blocks._items):
+        for block in reversed(self.blocks):
             dh = block.backward(dh)                      # ∂L/∂H_{l-1}
         return self.pos.backward(dh)                     # PE is a constant: ∂H_0/∂X = I
 

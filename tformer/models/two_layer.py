@@ -81,6 +81,6 @@ class TwoLayerTransformer(Module):
     def backward(self, dy):
         """dy = ∂L/∂Y: (B, T, d_model) -> ∂L/∂X; accumulates every W's gradient, layer 2 first."""
         upstream("dy", dy, self._out)
-        for blk in reversed(self.blocks._items):
+        for blk in reversed(self.blocks):
             dy = blk.backward(dy) if self.use_mlp else dy + blk.backward(dy)
         return dy

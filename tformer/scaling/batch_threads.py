@@ -32,7 +32,6 @@ import numpy as np
 
 from .. import parallel
 from ..layers import Dropout
-from .recompute import CACHE_ATTRS
 
 # A part must carry at least this many multiply-adds (tokens × parameters) for the batch to be
 # split: below it the two hand-offs of a step cost more than they save. 2²⁴ is about 0.2 ms of
@@ -49,7 +48,7 @@ def parts(B, n):
 
 def draws_random_numbers(model):
     """True when a forward pass of ``model`` in its current mode draws dropout masks."""
-    return any(isinstance(m, Dropout) and m.p > 0 and m.training for m in model._modules())
+    return any(isinstance(m, Dropout) and m.p > 0 and m.training for m in model.modules())
 
 
 class Replicas:
@@ -102,7 +101,8 @@ class Replicas:
         out = [self.model]
         for (rep, _), bindings in zip(self._copies[:n - 1], self._bindings):
             for main_m, rep_m, attr in bindings:
-                object.__setattr__(rep_m, attr, getattr(main_m, attr))
+                if getattr(rep_m, attr) is not getattr(main_m, attr):     # rebound since (precision)
+                    rep_m.bind(attr, getattr(main_m, attr))
             if rep.training != self.model.training:
                 rep.train(self.model.training)
             out.append(rep)
@@ -113,28 +113,16 @@ class Replicas:
         arrays and whose gradients are a zeroed flat buffer of its own."""
         main = self.model
         memo = {id(self): None}        # a replica has no replicas of its own
-        for m in main._modules():      # the caches of the last forward pass are not copied
-            for attr in CACHE_ATTRS:
-                value = getattr(m, attr, None)
+        for m in main.modules():       # nor what the last forward pass kept for its backward
+            for value in m.saved_values():
                 if value is not None:
                     memo[id(value)] = None
-            saved = getattr(m, "_saved", None)
-            if saved is not None:      # nor the segment inputs of gradient checkpointing
-                memo[id(saved)] = None
         rep = copy.deepcopy(main, memo)                  # flattened, as main is (Module.__deepcopy__)
         _, G = rep.flat_buffers()                        # the replica's own flat gradients, zeroed
         G.fill(0)
-        bindings = []
-        for main_m, rep_m in zip(main._modules(), rep._modules()):
-            for key, p in main_m.params.items():
-                rep_m.params[key] = p                    # the model's array, not a copy
-            # What the forward pass reads: the model's attribute as it is bound at every step (its
-            # float32 parameter, or the low-precision copy that mixed precision points it at).
-            for attr, _ in main_m.param_attributes():
-                bindings.append((main_m, rep_m, attr))
-                object.__setattr__(rep_m, attr, getattr(main_m, attr))
-        object.__setattr__(rep, "_flat", (self._flat[0], G))
-        self._bindings.append(bindings)
+        # The model's arrays, not copies; what the forward pass reads is the model's attribute as
+        # it is bound at every step (its float32 parameter, or mixed precision's low-precision copy).
+        self._bindings.append(rep.share_parameters(main))
         return rep, G
 
     def forward(self, tokens, cut, *args):
@@ -189,9 +177,9 @@ class BatchCut:
     """
 
     def __init__(self, model):
-        object.__setattr__(self, "model", model)
-        object.__setattr__(self, "replicas", Replicas(model))
-        object.__setattr__(self, "_shape", None)        # the joined output's shape, if cut
+        self.model = model
+        self.replicas = Replicas(model)
+        self._shape = None                               # the joined output's shape, if cut
 
     def __getattr__(self, name):
         return getattr(self.model, name)
@@ -203,7 +191,7 @@ class BatchCut:
         if cut is None:
             return self.model.forward(tokens, *args)
         out = self.replicas.forward(tokens, cut, *args)   # (B, T, V)
-        object.__setattr__(self, "_shape", out.shape)
+        self._shape = out.shape
         return out
 
     def backward(self, dout):

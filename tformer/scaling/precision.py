@@ -156,7 +156,7 @@ class MixedPrecision:
     def _bind(self):
         """Make the low-precision copies and point the layers' attributes at them."""
         masters, seen = [], set()
-        for m in self.model._modules():
+        for m in self.model.modules():
             for p in m.params.values():
                 if id(p) not in seen:
                     seen.add(id(p))
@@ -179,11 +179,11 @@ class MixedPrecision:
             copies = {id(p): np.empty(p.shape, self.dtype) for p in masters}
         self._pairs = [(p, copies[id(p)]) for p in masters]
         self._bindings = []                         # (module, attribute, master, copy)
-        for m in self.model._modules():
+        for m in self.model.modules():
             for attr, key in m.param_attributes():
                 p = m.params[key]
                 if getattr(m, attr) is p:
-                    object.__setattr__(m, attr, copies[id(p)])
+                    m.bind(attr, copies[id(p)])
                     self._bindings.append((m, attr, p, copies[id(p)]))
         self.refresh()
 
@@ -198,7 +198,7 @@ class MixedPrecision:
     def detach(self):
         """Point the layers back at their float32 masters: the model computes in float32 again."""
         for m, attr, p, _ in self._bindings:
-            object.__setattr__(m, attr, p)
+            m.bind(attr, p)
         self._bindings = []
 
     # -- loss scaling ---------------------------------------------------------------------------

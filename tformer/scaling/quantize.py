@@ -174,31 +174,14 @@ _KINDS = {"linear": (Linear, QuantizedLinear, 0), "embedding": (Embedding, Quant
 
 
 def _quantizable(model):
-    """``[(path, parent, child_name, kind, module)]`` for every Linear / Embedding (or already
-    quantized one) of ``model``, depth first."""
+    """``[(path, kind, module)]`` for every Linear / Embedding (or already quantized one) of
+    ``model``, depth first."""
     found = []
-
-    def walk(module, prefix):
-        for name, child in module._children.items():
-            path = prefix + name
-            for kind, (float_cls, q_cls, _) in _KINDS.items():
-                if isinstance(child, (float_cls, q_cls)):
-                    found.append((path, module, name, kind, child))
-                    break
-            else:
-                walk(child, path + ".")
-    walk(model, "")
+    for path, m in model.named_modules():
+        kind = next((k for k, (float_cls, q_cls, _) in _KINDS.items() if isinstance(m, (float_cls, q_cls))), None)
+        if path and kind and not any(path.startswith(f + ".") for f, _, _ in found):
+            found.append((path, kind, m))
     return found
-
-
-def _replace(parent, name, new):
-    """Put ``new`` where child ``name`` of ``parent`` was (attribute, children, list item)."""
-    parent._children[name] = new
-    if name in vars(parent):
-        object.__setattr__(parent, name, new)
-    items = getattr(parent, "_items", None)
-    if items is not None and name.isdigit():
-        items[int(name)] = new
 
 
 def _weight_shape(module):
@@ -217,14 +200,14 @@ def quantize_model(model, scheme="w8"):
     if not targets:
         raise ValueError(f"model: no Linear or Embedding layer to quantize in {type(model).__name__}")
     new = []
-    for path, parent, name, kind, module in targets:
+    for path, kind, module in targets:
         if not isinstance(module, _KINDS[kind][0]):
             raise ValueError(f"model: layer {path!r} is already quantized")
-        new.append((parent, name, (QuantizedLinear.from_linear(module, scheme) if kind == "linear"
-                                   else QuantizedEmbedding.from_embedding(module))))
-    for parent, name, q in new:
-        _replace(parent, name, q)
-    object.__setattr__(model, "quantization", scheme)
+        new.append((path, (QuantizedLinear.from_linear(module, scheme) if kind == "linear"
+                           else QuantizedEmbedding.from_embedding(module))))
+    for path, q in new:
+        model.replace(path, q)
+    model.quantization = scheme
     model.eval()
     return model
 
@@ -234,7 +217,7 @@ def dequantized(model):
     weight turned back into Q ⊙ s once (the int8 layers compute it again at every call), the
     float parameters copied; in eval mode. A float model gives a float copy."""
     out = type(model)(**model.config)
-    layers = {path: module for path, _, _, _, module in _quantizable(model)}
+    layers = {path: module for path, _, module in _quantizable(model)}
     floats = {n: p for n, p, _ in model.named_parameters()}
     for name, p, _ in out.named_parameters():
         path, _, leaf = name.rpartition(".")
@@ -248,7 +231,7 @@ def save_quantized(path, model, step=0, extra=None):
     if scheme is None:
         raise ValueError("model: not quantized; call quantize_model(model, scheme) first")
     arrays, layers = {}, {}
-    for lpath, _, _, kind, module in _quantizable(model):
+    for lpath, kind, module in _quantizable(model):
         if not isinstance(module, _KINDS[kind][1]):
             raise ValueError(f"model: layer {lpath!r} is not quantized")
         arrays[f"int8/{lpath}.W"] = module.q
@@ -290,7 +273,7 @@ def load_quantized(path, model, config=None):
         raise _bad(path, f"quantized layers {sorted(set(layers) ^ set(targets))} are in only one "
                          f"of the file and the model")
     new = []
-    for lpath, (_, parent, name, kind, module) in targets.items():
+    for lpath, (_, kind, module) in targets.items():
         entry = layers[lpath]
         shape = _weight_shape(module)
         if entry.get("kind") != kind or tuple(entry.get("shape", ())) != shape:
@@ -310,7 +293,7 @@ def load_quantized(path, model, config=None):
             raise _bad(path, f"int8/{lpath}.W holds −128, outside the symmetric range [−127, 127]")
         if not (np.isfinite(s).all() and (s > 0).all()):
             raise _bad(path, f"scale/{lpath}.W holds a step that is not finite and > 0")
-        new.append((lpath, parent, name, kind, q, s))
+        new.append((lpath, kind, q, s))
     weights = {f"{lpath}.W" for lpath in targets}
     expected = {n: p.shape for n, p, _ in model.named_parameters() if n not in weights}
     floats = {k[6:]: v for k, v in arrays.items() if k.startswith("model/")}
@@ -321,13 +304,12 @@ def load_quantized(path, model, config=None):
         if v.dtype != np.float32 or v.shape != expected[n] or not np.isfinite(v).all():
             raise _bad(path, f"model/{n} is {v.dtype} {v.shape}, expected finite float32 {expected[n]}")
     # Everything checked: now change the model.
-    for lpath, parent, name, kind, q, s in new:
+    for lpath, kind, q, s in new:
         b = floats.get(f"{lpath}.b") if kind == "linear" else None
-        module = QuantizedLinear(q, s, b, scheme) if kind == "linear" else QuantizedEmbedding(q, s)
-        _replace(parent, name, module)
+        model.replace(lpath, QuantizedLinear(q, s, b, scheme) if kind == "linear" else QuantizedEmbedding(q, s))
     for n, p, _ in model.named_parameters():
         np.copyto(p, floats[n])
-    object.__setattr__(model, "quantization", scheme)
+    model.quantization = scheme
     model.eval()
     return meta
 

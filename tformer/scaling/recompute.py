@@ -26,8 +26,8 @@ import numpy as np
 from ..blocks import BlockStack
 from ..layers import Dropout
 
-# What a module keeps between its forward and its backward (every layer's ``_cache``; attention's
-# probabilities ``att`` and its RoPE tables ``_rope``).
+# What ``clear_caches`` dropped before each layer declared it (``Module.saved``). Nothing in the
+# package reads it: notebook 21's cell still imports it.
 CACHE_ATTRS = ("_cache", "att", "_rope")
 
 
@@ -43,19 +43,11 @@ def check_checkpointing(gradient_checkpointing, blocks_per_segment=1):
     return bool(gradient_checkpointing), int(blocks_per_segment)
 
 
-def clear_caches(module):
-    """Drop everything ``module`` and its children keep for their backward (set it to None)."""
-    for m in module._modules():
-        for attr in CACHE_ATTRS:
-            if getattr(m, attr, None) is not None:
-                object.__setattr__(m, attr, None)
-
-
 def _generators(blocks):
     """The distinct ``np.random.Generator`` objects the dropout layers of ``blocks`` draw from."""
     gens = {}
     for block in blocks:
-        for m in block._modules():
+        for m in block.modules():
             if isinstance(m, Dropout) and m.p > 0 and m.training:
                 gens[id(m.rng)] = m.rng
     return list(gens.values())
@@ -69,6 +61,8 @@ class Recompute(BlockStack):
     (e.g. a padding mask) are passed to every block and kept for the recomputation. In eval mode
     (no backward to prepare) it is the plain stack.
     """
+
+    saved = ("_saved",)
 
     def __init__(self, blocks, every=1):
         _, every = check_checkpointing(True, every)
@@ -92,7 +86,7 @@ class Recompute(BlockStack):
             saved.append((x, args, [(g, g.bit_generator.state) for g in gens]))
             for block in seg:
                 x = block(x, *args)
-                clear_caches(block)        # only what the next block reads, x, is kept
+                block.clear_saved()        # only what the next block reads, x, is kept
         self._saved = saved
         return x
 
@@ -114,6 +108,6 @@ class Recompute(BlockStack):
                     g.bit_generator.state = state
             for block in reversed(seg):
                 dy = block.backward(dy)
-                clear_caches(block)
+                block.clear_saved()
         self._saved = None
         return dy
