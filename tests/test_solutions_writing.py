@@ -121,7 +121,7 @@ def test_31_4_bytes_numbered_down(plays_split):
     train, _ = plays_split
     up = ref.tformer_merges(train, 2048)
     down = ref.tformer_merges(train, 2048, order=range(255, -1, -1))
-    i = ref.first_difference(up, down)
+    i = ref.first_difference(up, down)            # 0-based: the first 145 agree, the 146th not
     assert i == 145 and up[:i] == down[:i]
     assert (up[i], down[i]) == ((b"i", b"f"), (b"i", b"l"))
     assert ref.pair_count(train, up[:i], up[i]) == ref.pair_count(train, up[:i], down[i]) == 695
@@ -210,9 +210,9 @@ def test_32_3_the_mlp_and_the_lm_head_share_of_the_adapters_gain():
     gain = bpb["attn"] - bpb["all"]
     mlp, head = bpb["attn"] - bpb["attn+mlp"], bpb["attn+mlp"] - bpb["all"]
     assert abs(gain - 0.36) < 0.05 and abs(mlp - 0.15) < 0.05 and abs(head - 0.21) < 0.05
-    assert 0.25 < mlp / gain < 0.55                                  # about two fifths
+    assert abs(mlp / gain - 0.4) < 0.05                              # about two fifths
     per_number = (head / 1280) / (mlp / 5120)
-    assert 3 < per_number < 9                                        # about five times
+    assert abs(per_number - 5) < 1                                   # about five times
 
 
 def test_30_3_what_top_k_and_top_p_cut_from_the_300_step_model():
