@@ -240,3 +240,17 @@ def test_gradient_checkpointing_gives_the_same_adapter_gradients():
             p[...] = 0.1 * np.random.default_rng(p.size).standard_normal(p.shape)
         grads.append(adapter_grads(model, x, y))
     assert all(np.array_equal(grads[0][n], grads[1][n]) for n in grads[0])
+
+
+def test_the_fingerprint_of_the_adapters_view_is_the_base_models():
+    """``fingerprint`` hashes the base weights whether it is handed the model or its ``Adapters``
+    view (whose named_parameters yield A and B alone): an adapter file saved from the view
+    names the base it was trained on."""
+    from tformer.lora import Adapters, apply_lora, fingerprint
+    from tformer.models.tinygpt import TinyGPT
+    model = TinyGPT(d_model=16, n_heads=2, n_layers=1, max_len=8, vocab_size=32, seed=0)
+    before = fingerprint(model)
+    apply_lora(model, 2, targets="attn", seed=0)
+    assert fingerprint(model) == fingerprint(Adapters(model)) == before
+    assert before != fingerprint(TinyGPT(d_model=16, n_heads=2, n_layers=1, max_len=8,
+                                         vocab_size=32, seed=1))

@@ -188,11 +188,12 @@ def merge_lora(model):
 def base_parameters(model):
     """``[(name, array)]``: the parameters of ``model`` that are not LoRA adapters (each once)."""
     seen = {id(m.params[k]) for m in model.modules() if isinstance(m, LoRALinear) for k in ("A", "B")}
-    found = []
-    for n, p, _ in model.named_parameters():
-        if id(p) not in seen:
-            seen.add(id(p))
-            found.append((n, p))
+    found = []                       # the module tree's own walk: an ``Adapters`` view yields A, B only
+    for path, m in model.named_modules():
+        for key, p in m.params.items():
+            if id(p) not in seen:
+                seen.add(id(p))
+                found.append((f"{path}.{key}" if path else key, p))
     return found
 
 
