@@ -1,5 +1,7 @@
 """The hostile user of the command line: invocations drawn from the commands' own flag tables with
-hostile values and hostile files, each run in-process, and what must hold after it.
+hostile values and hostile files, each run in a forked child process under a memory cap
+(``MEMORY_CAP`` of address space more than the parent maps, ``RLIMIT_AS``) and a time cap
+(``TIMEOUT``, then SIGKILL), and what must hold after it.
 
 ``fixtures(folder)`` writes the files a user may hand a command: tiny checkpoints of each kind
 (float, BPE, LoRA training checkpoint and its adapter, int8, another command's), tokenizers, and
@@ -17,13 +19,17 @@ what went wrong, one short signature each (empty: all is well):
 Every command of ``python -m tformer --help`` is drawn (issue 53): the first five with their own
 scenarios, the four small systems for real at tiny sizes, the experiments with their ``main``
 replaced by a stub (``DRY``: their work takes minutes to hours), so that what is drawn is all that
-runs before it. Each working folder (``work``) also holds a FIFO, symlinks and the repository's
+runs before it; ``long-run``, ``decoding``, ``preference`` and ``scaling-sweep`` run their real
+``main`` up to its first long step (``DEEPER``: the plan, checkpoint, target or shipped model they
+read). Each working folder (``work``) also holds a FIFO, symlinks and the repository's
 ``book/data`` files, small; the outputs of the other commands are what they declare
 (``declared_writes``, ``tformer.runs.declare``): a write outside it is a problem.
 
 ``python tests/cli_hostile.py N [SEED]`` surveys N random invocations and prints the distinct
 problems (on fc00056, before issue 40: 46 distinct in 1500 invocations of seed 0; on d2521ce,
-before issue 53, with this drawer: 9 distinct, 118 reports in 3000 of seed 0; after: none).
+before issue 53, with this drawer: 9 distinct, 118 reports in 3000 of seed 0; after: none; on
+1cc13f8, with the caps, ``DEEPER`` and the bounded flags (``BOUNDED``): 11 distinct, 42 reports
+in 3000 of seed 0; after: none).
 """
 import contextlib
 import io
@@ -68,6 +74,12 @@ HUGE = "1000000000000"
 LIMITED = {"--bpe", "--lora", "--max-new-tokens", "--sample-tokens", "--d-model", "--max-len",
            "--batch-size", "--n-layers", "--d-ff", "--top-k", "--gen-tokens", "--vocab-sizes",
            "--eval-windows", "--n-heads", "--lora-alpha"}
+# Flags with a bound at parse time (issue 53): a huge value is refused by every command.
+BOUNDED = {"--lr", "--high-lr", "--weight-decay", "--length-penalty", "--budgets", "--lengths",
+           "--tile-T", "--tile-sizes", "--texts", "--prompts", "--gen-new", "--gen-prompt",
+           "--min-time", "--speed-batch", "--max-new-tokens", "--sample-tokens", "--gen-tokens",
+           "--bpe", "--lora"}
+LIMITED |= BOUNDED
 TEXT_VALUES = {"--temperatures": ["1", "abc", "nan", "-1", "", "0.5,1", ",", "inf"],
                "--lora-targets": ["attn", "all", "wq", "", ",", "mlp,o"],
                "--prompt": ["def ", "", "\udcff", "x" * 40]}
@@ -283,10 +295,17 @@ def path(pick, argv, *likely):
     return pick([*likely * 3, *used * 2, *PATHS])
 
 
-def invocation(pick):
-    """``(argv, outputs)``: one command line, and the files it may write if it succeeds."""
-    command = pick(["run tinygpt"] * 5 + ["generate"] * 2 + ["quantize", "bpe-compare", "finetune"]
-                   + ["others"] * 3)
+# The commands drawn first (``others``: the four small systems and the experiments), weighted;
+# and two parts of them of about equal cost (the CI test draws each part in its own process).
+DRAWN = ["run tinygpt"] * 5 + ["generate"] * 2 + ["quantize", "bpe-compare", "finetune"] \
+    + ["others"] * 3
+PARTS = ({"run tinygpt", "quantize", "finetune"}, {"generate", "bpe-compare", "others"})
+
+
+def invocation(pick, part=None):
+    """``(argv, outputs)``: one command line, and the files it may write if it succeeds;
+    ``part``: drawn from ``PARTS[part]`` only."""
+    command = pick([c for c in DRAWN if part is None or c in PARTS[part]])
     if command == "others":
         command = pick(sorted(SYSTEMS) + DRY)
         argv = [*command.split(), *SYSTEMS.get(command, [])]
@@ -385,7 +404,7 @@ def must_refuse(argv):
             return "a draft of another vocabulary"
     if command == "run tinygpt" and "--lora-targets" in argv and "--lora" not in argv:
         return "--lora-targets without --lora"
-    for flag in ("--bpe", "--lora", "--max-new-tokens", "--sample-tokens", "--gen-tokens"):
+    for flag in sorted(BOUNDED):
         if _flag(argv, flag) == HUGE:
             return f"{flag} {HUGE}"
     if "--vocab-sizes" in argv:
@@ -417,55 +436,151 @@ class Hang(Exception):
     pass
 
 
+class ChildError(Exception):
+    """An exception that escaped ``main`` in the child process: its type, where it was raised
+    (``_where``) and its message; or the signal that ended the child."""
+
+    def __init__(self, kind, where, message):
+        super().__init__(f"{kind} in {where}: {message}")
+        self.kind, self.where, self.message = kind, where, message
+
+
+class _Stop(BaseException):
+    """Raised by a stubbed step of an experiment's ``main`` (``DEEPER``): the dry run ends
+    there, exit status 0."""
+
+
 def _alarm(signum, frame):
     raise Hang
 
 
+# The experiments whose ``main`` runs for real up to its first long step, which raises ``_Stop``
+# (a dry run one step further than ``DRY``'s stub: the plan and checkpoint ``long-run`` reads, the
+# target ``decoding`` loads, the shipped model ``preference`` loads, the setup ``scaling-sweep``
+# checks). The others' ``main`` is the stub.
+DEEPER = {"long-run": ["prepare", "predict_plan"], "decoding": ["ensure_drafts"],
+          "preference": ["texts"], "scaling-sweep": ["prepare"]}
+
+
 @contextlib.contextmanager
 def _dry(argv):
-    """With a command of ``DRY``: its module's ``main`` replaced by a stub that writes nothing."""
+    """With a command of ``DRY``: its module's ``main`` replaced by a stub that writes nothing,
+    or (``DEEPER``) its first long step replaced by one that stops the run."""
     from tformer.__main__ import COMMANDS
     if not argv or argv[0] not in DRY:
         yield
         return
     import importlib
     module = importlib.import_module(COMMANDS[argv[0]][0])
-    real = module.main
+    names = ["main"] if argv[0] not in DEEPER else DEEPER[argv[0]]
+    real = {name: getattr(module, name) for name in names}
 
     def stub(args):
         return 0
+
+    def stop(*a, **k):
+        raise _Stop
     stub.__module__ = module.__name__              # its files and checks are the module's
-    module.main = stub
+    for name in names:
+        setattr(module, name, stub if name == "main" else stop)
     try:
         yield
     finally:
-        module.main = real
+        for name, fn in real.items():
+            setattr(module, name, fn)
 
 
-def run(argv, workdir, dry=False):
-    """``(exit status or the exception, stdout, stderr)`` of ``argv`` run in ``workdir``;
-    ``dry``: a command of ``DRY`` runs everything but its ``main``."""
-    here, out, err = os.getcwd(), io.StringIO(), io.StringIO()
+# Each invocation runs in a child process (forked: the modules are imported once), under a memory
+# cap (address space: MEMORY_CAP more than the parent maps) and the time cap TIMEOUT.
+MEMORY_CAP = 4 << 30
+
+
+def _mapped_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _child(argv, workdir, dry, w):
+    """In the forked child: run ``argv`` under the caps, write the outcome to pipe ``w``."""
+    import resource
+    limit = _mapped_bytes() + MEMORY_CAP
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    out, err = io.StringIO(), io.StringIO()
     os.chdir(workdir)
-    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(TIMEOUT)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
                 _dry(argv if dry else []):
             code = _run(argv)
+        code = {"code": code}
     except SystemExit as e:
-        code = e.code
-    except Exception as e:                       # noqa: BLE001  (what the user would see)
-        code = e
+        code = {"code": e.code if isinstance(e.code, (int, type(None))) else str(e.code)}
+    except _Stop:
+        code = {"code": 0}
+    except Hang:
+        code = {"hang": True}
+    except BaseException as e:                   # noqa: BLE001  (what the user would see)
+        code = {"error": [type(e).__name__, _where(e), str(e)[:300]]}
+    signal.alarm(0)
+    data = json.dumps(dict(code, out=out.getvalue(), err=err.getvalue())).encode()
+    while data:
+        data = data[os.write(w, data):]
+
+
+def run(argv, workdir, dry=False):
+    """``(exit status, a ``Hang`` or a ``ChildError``; stdout, stderr)`` of ``argv`` run in
+    ``workdir`` in a child process under the caps; ``dry``: a command of ``DRY`` runs everything
+    but its ``main`` (or, ``DEEPER``, but its first long step)."""
+    import select
+    import time
+    sys.stdout.flush()
+    sys.stderr.flush()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                          # the child: never returns
+        status = 0
+        try:
+            os.close(r)
+            _child(argv, workdir, dry, w)
+        except BaseException:                            # noqa: BLE001
+            status = 70
+        finally:
+            os._exit(status)
+    os.close(w)
+    chunks, deadline = [], time.monotonic() + TIMEOUT + 10
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([r], [], [], left)[0]:
+                os.kill(pid, signal.SIGKILL)               # past the cap: the child is stuck
+                os.waitpid(pid, 0)
+                return Hang(), "", ""
+            chunk = os.read(r, 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
     finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
-        os.chdir(here)
-    return code, out.getvalue(), err.getvalue()
+        os.close(r)
+    _, status = os.waitpid(pid, 0)
+    if not chunks:
+        why = (f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
+               else f"exit status {os.waitstatus_to_exitcode(status)}")
+        return ChildError("died", "the child process", why), "", ""
+    res = json.loads(b"".join(chunks))
+    if res.get("hang"):
+        code = Hang()
+    elif "error" in res:
+        code = ChildError(*res["error"])
+    else:
+        code = res["code"]
+    return code, res["out"], res["err"]
 
 
 def _where(exc):
     """The innermost frame of tformer's code that the exception passed through."""
+    if isinstance(exc, ChildError):
+        return exc.where
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/tformer/" in f.filename]
     f = frames[-1] if frames else traceback.extract_tb(exc.__traceback__)[-1]
     return f"{os.path.basename(f.filename)}:{f.name}"
@@ -491,7 +606,8 @@ def problems(argv, outputs, workdir):
     if isinstance(code, Hang):
         found.append(f"hang (> {TIMEOUT} s)")
     elif isinstance(code, BaseException):
-        found.append(f"traceback: {type(code).__name__} in {_where(code)}")
+        kind = code.kind if isinstance(code, ChildError) else type(code).__name__
+        found.append(f"traceback: {kind} in {_where(code)}")
     elif code not in (0, 2, None):
         found.append(f"exit status {code}")
     ok = code in (0, None)

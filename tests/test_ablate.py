@@ -106,8 +106,12 @@ def test_cli_writes_the_record_and_resumes(text, tmp_path, capsys):
 
 @pytest.mark.parametrize("flags,match", [(["--only", "alibi"], "--only: unknown configurations"),
                                          (["--steps", "0"], "--steps: expected an integer ≥ 1"),
-                                         (["--high-lr", "-1"], "--high-lr: expected a positive number"),
+                                         (["--high-lr", "-1"], "--high-lr: expected a finite number ≥ 0"),
                                          (["--seeds", "1", "1"], "--seeds: expected distinct seeds")])
-def test_bad_flags_fail_clearly(text, tmp_path, flags, match):
-    with pytest.raises(SystemExit, match=match):
+def test_bad_flags_fail_clearly(text, tmp_path, flags, match, capsys):
+    """A usage error of ``python -m tformer ablate`` (exit status 2), before any run (issue 53)."""
+    with pytest.raises(SystemExit) as e:
         cli(["ablate", "--out", str(tmp_path / "x.json"), "--text", text, *TINY, *flags])
+    assert e.value.code == 2
+    assert match in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()

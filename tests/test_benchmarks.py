@@ -187,16 +187,19 @@ def test_run_batch_is_next_token_shifted_and_sizes_are_the_issue_s():
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--sizes", "huge"], "--sizes: expected a subset of ['small', 'medium', 'large'], got 'huge'"),
-    (["--rounds", "0"], "--rounds: expected an integer ≥ 1, got 0"),
-    (["--gen-batches", "1,x"], "--gen-batches: expected comma-separated integers, got '1,x'"),
-    (["--gen-batches", "0"], "--gen-batches: expected an integer ≥ 1, got 0")])
-def test_bench_rejects_bad_flags_before_measuring_anything(flags, message, tmp_path):
-    from tformer.__main__ import build_parser
-    args = build_parser().parse_args(["bench", *flags, "--out", str(tmp_path / "b.json")])
-    with pytest.raises(ValueError) as e:
-        args.func(args)
-    assert str(e.value) == message
+    (["--sizes", "huge"], "argument --sizes: expected a comma-separated subset of small, medium, "
+                          "large, got 'huge'"),
+    (["--rounds", "0"], "argument --rounds: expected an integer ≥ 1, got '0'"),
+    (["--gen-batches", "1,x"], "argument --gen-batches: expected comma-separated integers from 1 "
+                               "to 256, got '1,x'"),
+    (["--gen-batches", "0"], "argument --gen-batches: expected comma-separated integers from 1 "
+                             "to 256, got '0'")])
+def test_bench_rejects_bad_flags_before_measuring_anything(flags, message, tmp_path, capsys):
+    """A usage error at parse time (issue 53), nothing measured or written."""
+    from tformer.__main__ import main
+    with pytest.raises(SystemExit) as e:
+        main(["bench", *flags, "--out", str(tmp_path / "b.json")])
+    assert e.value.code == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "b.json").exists()
 
 

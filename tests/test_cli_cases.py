@@ -211,6 +211,18 @@ CASES.update({
                                     ["--resume: continues a run; --predict makes a plan"]),
     "long-run --predict --budget 1e308": ([*LONG, "--predict", "--out", "new.json", "--budget",
                                            "1e308"], ["--budget: expected at most 1e+19 FLOPs"]),
+    # a sweep nested too deeply for the JSON parser (found by the survey of issue 53)
+    "long-run --predict --sweep nested deep": ([*LONG, "--predict", "--sweep", "tok-deep.json",
+                                               "--out", "new.json"],
+                                              ["--sweep: expected", "does not read as JSON",
+                                               "maximum recursion depth"]),
+    # a result file that a command completes is read before the work, not after it
+    **{f"{cmd} --out nested deep": ([*cmd.split(), "--out", "tok-deep.json"],
+                                    ["--out: expected", "does not read as JSON"])
+       for cmd in ("memory", "online-softmax", "ablate --resume", "scaling-sweep")},
+    **{f"{cmd} --out a list": ([*cmd.split(), "--out", "tok-list.json"],
+                               ["--out: expected", "a JSON object", "holding a list"])
+       for cmd in ("memory", "online-softmax", "ablate --resume", "scaling-sweep")},
     # 10: outside the repository
     "preference outside the repository": (["preference", "--out", "new.json"],
                                           ["the long run's model: expected a readable file",
@@ -228,6 +240,8 @@ def work(pristine, tmp_path):
     path = str(tmp_path / "w")
     shutil.copytree(pristine, path)
     os.mkfifo(os.path.join(path, "fifo"))                       # a writer would block: never opened
+    with open(os.path.join(path, "tok-list.json"), "w") as f:
+        f.write("[1, 2]")
     return path
 
 
@@ -433,3 +447,188 @@ def test_long_run_resumes_no_checkpoint_of_another_kind_or_model(checkpoint, wor
         json.dump(dict(plan=plan, predicted_nats_per_char=3.0, predicted_interval=[2.5, 3.5]), f)
     refused([*LONG, "--out", "plan.json", "--checkpoint", checkpoint, "--resume", "--ship", ""],
             work, ["--checkpoint: expected a checkpoint of this plan's run to --resume"])
+
+
+# Issue 53, finding 20's rest: a flag that does nothing in the mode the command line chose is a
+# usage error naming the flag and the mode (``unused_flags(args)`` of each command).
+GREEDY = [*GEN, "--checkpoint", "base.npz", "--temperature", "0"]
+TRANSFORMER_FIXED = TRANSFORMER                                   # --batching fixed, fp32
+SOFTMAX = ["online-softmax", "--out", "new.json"]
+MEMORY = ["memory", "--out", "new.json"]
+BENCH = ["bench", "--out", "new.json"]
+UNUSED = {
+    **{f"generate --temperature 0 {flag}": ([*GREEDY, flag, value],
+                                            [f"{flag}: does nothing with greedy decoding "
+                                             f"(--temperature 0"])
+       for flag, value in (("--top-k", "3"), ("--top-p", "0.5"), ("--min-p", "0.1"),
+                           ("--seed", "7"))},
+    "generate --temperature 0 --draft --seed": ([*GREEDY, "--draft", "int8.npz", "--seed", "3"],
+                                                ["--seed: does nothing with greedy decoding"]),
+    "run tinygpt --init-scale with fp32": ([*RUN, *T, "--init-scale", "1024"],
+                                           ["--init-scale: does nothing with --precision fp32"]),
+    "run tinygpt --init-scale with bf16": ([*RUN, *T, "--precision", "bf16", "--init-scale", "8"],
+                                           ["--init-scale: does nothing with --precision bf16"]),
+    "run tinygpt --blocks-per-segment": ([*RUN, *T, "--blocks-per-segment", "2"],
+                                         ["--blocks-per-segment: does nothing without "
+                                          "--gradient-checkpointing"]),
+    "run tinygpt --prompt without samples": ([*RUN, *T, "--sample-tokens", "0", "--prompt", "x"],
+                                             ["--prompt: does nothing without samples"]),
+    "run tinygpt --base with another shape": ([*RUN, *T, "--base", "base.npz", "--n-layers", "2",
+                                               "--checkpoint", "new.npz"],
+                                              ["--n-layers: does nothing with --base (the model's "
+                                               "shape is the base's, n_layers = 1)"]),
+    "run transformer --max-tokens with fixed": ([*TRANSFORMER_FIXED, "--max-tokens", "64"],
+                                                ["--max-tokens: does nothing with --batching fixed"]),
+    "run transformer --pool-size with sorted": ([*TRANSFORMER, "--batching", "sorted",
+                                                 "--pool-size", "8"],
+                                                ["--pool-size: does nothing with --batching sorted"]),
+    "run transformer --init-scale": ([*TRANSFORMER, "--init-scale", "8"],
+                                     ["--init-scale: does nothing with --precision fp32"]),
+    "run transformer --blocks-per-segment": ([*TRANSFORMER, "--blocks-per-segment", "2"],
+                                             ["--blocks-per-segment: does nothing without"]),
+    "run transformer2 --d-ff with --no-mlp": (["run", "transformer2", "--no-mlp", "--d-ff", "8",
+                                               "--steps", "1"],
+                                              ["--d-ff: does nothing with --no-mlp"]),
+    **{f"long-run --predict {flag}": ([*LONG, "--predict", "--out", "new.json", flag, value],
+                                      [f"{flag}: does nothing with --predict"])
+       for flag, value in (("--ship", "m.npz"), ("--checkpoint", "c.npz"),
+                           ("--eval-every", "7"), ("--checkpoint-every", "7"))},
+    "online-softmax --tile-T without tiles": ([*SOFTMAX, "--parts", "sweep", "--tile-T", "64"],
+                                              ["--tile-T: does nothing without the tile sweep"]),
+    "online-softmax --lengths without sweep": ([*SOFTMAX, "--parts", "tiles", "--lengths", "64"],
+                                               ["--lengths: does nothing without the sweep"]),
+    "memory --chunk without batching": ([*MEMORY, "--parts", "memory", "--chunk", "3"],
+                                        ["--chunk: does nothing without --parts batching"]),
+    "memory --batching-steps with --quick": ([*MEMORY, "--quick", "--batching-steps", "9"],
+                                             ["--batching-steps: does nothing with --quick"]),
+    "memory --reps without memory or overhead": ([*MEMORY, "--parts", "grad_norms", "--reps", "2"],
+                                                 ["--reps: does nothing without --parts memory "
+                                                  "or overhead"]),
+    "memory --grad-norm-steps without grad_norms": ([*MEMORY, "--parts", "batching",
+                                                     "--grad-norm-steps", "9"],
+                                                    ["--grad-norm-steps: does nothing without"]),
+    "ablate --high-lr with --only gqa": (["ablate", "--only", "gqa", "--high-lr", "0.1"],
+                                         ["--high-lr: does nothing with --only 'gqa'"]),
+    "ablate --n-kv-heads with --only rope": (["ablate", "--only", "rope", "--n-kv-heads", "1"],
+                                             ["--n-kv-heads: does nothing with --only 'rope'"]),
+    "scaling-sweep --plan-only --out": (["scaling-sweep", "--plan-only", "--out", "new.json"],
+                                        ["--out: does nothing with --plan-only"]),
+    "bench --gen-new without generation": ([*BENCH, "--gen-batches", "", "--gen-new", "8"],
+                                           ["--gen-new: does nothing without generation"]),
+    "bench --steps without training": ([*BENCH, "--sizes", "", "--steps", "3"],
+                                       ["--steps: does nothing without training"]),
+    "many-processes --worker --reps": (["many-processes", "--worker", '{"out": "w.json"}',
+                                        "--reps", "3"], ["--reps: does nothing with --worker"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNUSED))
+def test_a_flag_that_does_nothing_in_the_chosen_mode_is_a_usage_error(name, work):
+    argv, parts = UNUSED[name]
+    refused(argv, work, parts)
+
+
+def test_a_flag_given_at_its_default_or_in_its_mode_is_taken(work):
+    """The mode's own flags pass the check (only a flag that would change nothing is refused)."""
+    from tformer.__main__ import _check_unused, build_parser
+    parser = build_parser()
+    for argv in (["generate", "--temperature", "0", "--seed", "0"],             # the default
+                 ["generate", "--temperature", "0.5", "--top-k", "3", "--seed", "7"],
+                 ["run", "tinygpt", "--precision", "fp16", "--init-scale", "8"],
+                 ["run", "tinygpt", "--gradient-checkpointing", "--blocks-per-segment", "2"],
+                 ["run", "tinygpt", "--temperatures", "0.7,0.8,1.0"],           # default, as text
+                 ["run", "transformer", "--batching", "bucketed", "--pool-size", "8",
+                  "--max-tokens", "64"],
+                 ["online-softmax", "--parts", "tiles", "--tile-T", "64", "--tile-sizes", "32"],
+                 ["memory", "--parts", "batching", "--chunk", "3", "--batching-steps", "9"],
+                 ["ablate", "--only", "gqa", "modern", "--n-kv-heads", "1"],
+                 ["long-run", "--predict", "--no-progress"],
+                 ["bench", "--sizes", "small", "--gen-batches", "", "--steps", "3"]):
+        _check_unused(parser, parser.parse_args(argv))                    # no SystemExit
+
+
+RANGES_53 = {
+    "ablate --d-model 0": (["ablate", "--d-model", "0"], ["argument --d-model: expected an "
+                                                          "integer ≥ 1"]),
+    "ablate --lr 1e308": (["ablate", "--lr", "1e308"], ["argument --lr: expected a finite number"]),
+    "ablate --min-lr-ratio 2": (["ablate", "--min-lr-ratio", "2"],
+                                ["argument --min-lr-ratio: expected a ratio in [0, 1]"]),
+    "ablate --eval-every 0": (["ablate", "--eval-every", "0"], ["argument --eval-every:"]),
+    "ablate --d-model 1e5": (["ablate", "--d-model", "100000", "--n-heads", "4"],
+                             ["expected a run whose predicted peak", "fits in the"]),
+    "ablate --lr 0": (["ablate", "--lr", "0"], ["--lr: expected a positive number"]),
+    "online-softmax --lengths 1e6": ([*SOFTMAX, "--lengths", "1000000"],
+                                     ["argument --lengths: expected an integer ≥ 1 and at most "
+                                      "65,536"]),
+    "online-softmax --reps 0": ([*SOFTMAX, "--reps", "0"], ["argument --reps:"]),
+    "online-softmax --tile-sizes beyond --tile-T": ([*SOFTMAX, "--tile-sizes", "4096"],
+                                                    ["--tile-sizes: expected tiles of at most "
+                                                     "--tile-T = 2048"]),
+    "many-processes --lengths 5": (["many-processes", "--lengths", "5"],
+                                   ["argument --lengths: expected comma-separated integers",
+                                    "at least two distinct"]),
+    "many-processes --lengths 1e12": (["many-processes", "--lengths", f"1,{cli_hostile.HUGE}"],
+                                      ["argument --lengths:"]),
+    "many-processes --speed-batch odd": (["many-processes", "--speed-batch", "3"],
+                                         ["--speed-batch: expected an even global batch"]),
+    "many-processes --speed-batch 1e8": (["many-processes", "--speed-batch", "100000000"],
+                                         ["--speed-batch: expected a run whose predicted peak"]),
+    "many-processes --reps -1": (["many-processes", "--reps", "-1"], ["argument --reps:"]),
+    "many-processes --curve-steps 10": (["many-processes", "--curve-steps", "10"],
+                                        ["--curve-steps: expected more than the 15 warm-up"]),
+    "bench --gen-new 1e5": ([*BENCH, "--gen-new", "100000"],
+                            ["argument --gen-new: expected an integer from 1 to 4,096"]),
+    "bench --min-time 1e9": ([*BENCH, "--min-time", "1e9"], ["argument --min-time:"]),
+    "bench --rounds 0": ([*BENCH, "--rounds", "0"], ["argument --rounds:"]),
+    "bench --gen-batches 1e5": ([*BENCH, "--gen-batches", "1,100000"],
+                                ["argument --gen-batches:"]),
+    "bench --sizes huge": ([*BENCH, "--sizes", "huge"], ["argument --sizes:"]),
+    "bench nothing to measure": ([*BENCH, "--sizes", "", "--gen-batches", ""],
+                                 ["--sizes, --gen-batches: expected training sizes or"]),
+    "scaling-sweep --budgets 1e300": (["scaling-sweep", "--budgets", "1e300"],
+                                      ["argument --budgets: expected FLOPs > 0 and at most 1e+19"]),
+    "scaling-sweep --shapes 2x1e5": (["scaling-sweep", "--shapes", "2x100000"],
+                                     ["argument --shapes: expected 1 to 32 layers"]),
+    "scaling-sweep --lr 1e308": (["scaling-sweep", "--lr", "1e308"], ["argument --lr:"]),
+    "memory --batching-lengths 5 1000": ([*MEMORY, "--batching-lengths", "5", "1000"],
+                                         ["--batching-lengths: expected MIN ≤ MAX ≤ 256"]),
+    "decoding --texts 1e12": (["decoding", "--texts", cli_hostile.HUGE],
+                              ["argument --texts: expected an integer from 1 to 4,096"]),
+    "decoding --prompts 0": (["decoding", "--prompts", "0"], ["argument --prompts:"]),
+    "run attention --lr 1e308": (["run", "attention", "--lr", "1e308"], ["argument --lr:"]),
+    "run encoder --lr 1e308": (["run", "encoder", "--lr", "1e308"], ["argument --lr:"]),
+    "run tinygpt --weight-decay 1e308": ([*RUN, *T, "--weight-decay", "1e308"],
+                                         ["argument --weight-decay: expected a finite number ≥ 0 "
+                                          "and at most 10"]),
+    "run transformer --length-penalty 1e308": ([*TRANSFORMER, "--length-penalty", "1e308"],
+                                               ["argument --length-penalty:"]),
+    "run transformer --target 2": ([*TRANSFORMER, "--target", "2"],
+                                   ["argument --target: expected a share in [0, 1]"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RANGES_53))
+def test_every_numeric_flag_has_a_range_the_work_can_hold(name, work):
+    argv, parts = RANGES_53[name]
+    refused(argv, work, parts)
+
+
+def test_every_flag_a_command_lists_as_unused_is_one_of_its_own():
+    """``unused_flags(args)`` of every command names flags that command has (a typo would be a
+    KeyError at the first invocation), whatever mode its default command line chooses."""
+    import sys
+
+    from tformer.__main__ import _leaves, build_parser
+    top = build_parser()
+    least = {"quantize": ["x.npz", "--out", "y.npz"], "finetune": ["--dpo", "p", "--out", "o"]}
+    seen = 0
+    for leaf in _leaves(top):
+        name = leaf.prog.removeprefix("python -m tformer ")
+        unused = getattr(sys.modules[leaf.get_default("func").__module__], "unused_flags", None)
+        if unused is None:
+            continue
+        for flag, mode, when in unused(top.parse_args([*name.split(), *least.get(name, [])])):
+            assert flag in leaf._option_string_actions, (name, flag)
+            assert mode.startswith(("with", "without")), (name, flag, mode)
+            seen += 1
+    assert seen >= 40

@@ -5,7 +5,9 @@ byte-identical (mode included), and leave no temporary. Every command is drawn; 
 experiments stop before their ``main`` (``cli_hostile.DRY``).
 
 Bounded and deterministic (``derandomize``): tiny models, one or two steps, about 30 ms an
-invocation. ``TFORMER_HYPOTHESIS_EXAMPLES=2000`` searches harder; ``python tests/cli_hostile.py
+invocation, each in a forked child process under a memory cap (``cli_hostile.MEMORY_CAP`` of
+address space) and a time cap (``cli_hostile.TIMEOUT``); the commands are drawn in two parts of
+about equal cost, one test each, so that ``pytest -n 2`` runs them side by side. ``TFORMER_HYPOTHESIS_EXAMPLES=2000`` searches harder; ``python tests/cli_hostile.py
 N`` surveys N random invocations and lists the distinct problems.
 """
 import os
@@ -25,12 +27,25 @@ def pristine(tmp_path_factory):
     return cli_hostile.fixtures(str(tmp_path_factory.mktemp("hostile") / "files"))
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-          print_blob=False)
-@given(data=st.data())
-def test_no_invocation_crashes_or_damages_a_file(pristine, data):
-    argv, outputs = cli_hostile.invocation(lambda seq: data.draw(st.sampled_from(seq)))
+def _examples(part):
+    """The share of ``EXAMPLES`` drawn from ``cli_hostile.PARTS[part]`` (together, all of them)."""
+    return EXAMPLES // 2 + (EXAMPLES % 2 if part == 0 else 0)
+
+
+@pytest.mark.parametrize("part", [0, 1])
+def test_no_invocation_crashes_or_damages_a_file(pristine, part):
+    """Each part of the commands in its own test (pytest -n 2 runs them side by side)."""
+    @settings(max_examples=_examples(part), deadline=None, derandomize=True, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+              print_blob=False)
+    @given(data=st.data())
+    def draw(data):
+        _one(pristine, data, part)
+    draw()
+
+
+def _one(pristine, data, part):
+    argv, outputs = cli_hostile.invocation(lambda seq: data.draw(st.sampled_from(seq)), part)
     with tempfile.TemporaryDirectory() as tmp:
         work = cli_hostile.work(pristine, os.path.join(tmp, "w"))
         found = cli_hostile.problems(argv, outputs, work)
@@ -41,3 +56,27 @@ def test_the_fixtures_hold_one_file_of_each_kind(pristine):
     assert sorted(os.listdir(pristine)) == sorted(cli_hostile.FILES)
     assert all(os.stat(os.path.join(pristine, f)).st_mode & 0o777 == 0o644
                for f in cli_hostile.FILES if f != "folder")
+
+
+def test_the_caps_end_a_run_that_allocates_or_waits_too_long(tmp_path, monkeypatch):
+    """An invocation past the memory cap is a MemoryError in the child (a problem the survey
+    reports), one past the time cap a ``Hang``; the test process is untouched."""
+    import time
+
+    import tformer.__main__
+
+    def hog(argv=None):
+        import numpy as np
+        np.ones(cli_hostile.MEMORY_CAP // 8 + (1 << 20))               # more than the cap
+        return 0
+
+    def sleeper(argv=None):
+        time.sleep(60)
+    monkeypatch.setattr(tformer.__main__, "main", hog)
+    code, _, _ = cli_hostile.run(["generate"], str(tmp_path))
+    assert isinstance(code, cli_hostile.ChildError) and code.kind == "MemoryError", code
+    monkeypatch.setattr(cli_hostile, "TIMEOUT", 1)
+    monkeypatch.setattr(tformer.__main__, "main", sleeper)
+    t0 = time.perf_counter()
+    code, _, _ = cli_hostile.run(["generate"], str(tmp_path))
+    assert isinstance(code, cli_hostile.Hang) and time.perf_counter() - t0 < 15

@@ -132,3 +132,24 @@ def test_long_run_declares_the_tokenizer_beside_ship_and_keeps_a_ship_too_large(
     assert out["path"] is None and "larger than" in out["reason"]
     assert old.read_bytes() == b"the model shipped before"
     assert sorted(os.listdir(tmp_path)) == ["m.npz"]                    # no tokenizer, no temporary
+
+
+def test_long_run_declares_its_plan_once_as_a_file_it_updates(tmp_path):
+    """Issue 53: ``long-run``'s ``--out`` is its plan, read and then completed with the result:
+    one ``updates`` that must exist (not a read and a write of one flag); ``--predict`` writes it."""
+    from tformer.experiments import long_run as LR
+    top = build_parser()
+    plan = str(tmp_path / "plan.json")
+    outs = [d for d in LR.files(top.parse_args(["long-run", "--out", plan])) if d.flag == "--out"]
+    assert len(outs) == 1 and outs[0].role == declare.UPDATES and outs[0].must_exist
+    assert outs[0].read and outs[0].written
+    with pytest.raises(ValueError, match=r"--out: expected a long-run prediction \(long-run "
+                                         r"--predict writes it\), got .* \(no such file\)"):
+        declare.check(outs)
+    open(plan, "w").close()
+    declare.check(outs)                                                 # there: fine
+    outs = [d for d in LR.files(top.parse_args(["long-run", "--predict", "--out", plan]))
+            if d.flag == "--out"]
+    assert [d.role for d in outs] == [declare.WRITES]
+    assert not declare.updates("--c", str(tmp_path / "none")).must_exist    # resumable: optional
+    declare.check([declare.updates("--c", str(tmp_path / "none"))])

@@ -265,9 +265,8 @@ CONFLICTS = {
                      ["argument --steps: expected an integer ≥ 2", "at most 1,000,000"]),
     "--beta 0": (["--dpo", "pairs.jsonl", "--beta", "0"], ["argument --beta: expected"]),
     "--lr nan": (["--dpo", "pairs.jsonl", "--lr", "nan"], ["argument --lr: expected"]),
-    "--lr that diverges": (["--dpo", "pairs.jsonl", "--lr", "1e30"],
-                           ["--lr: expected a learning rate at which training stays finite",
-                            "nothing was written"]),
+    "--lr 1e30": (["--dpo", "pairs.jsonl", "--lr", "1e30"],       # issue 53: at parse time
+                  ["argument --lr: expected a finite number > 0 and at most 10"]),
     "checkpoint an adapter-less transformer": (["--dpo", "pairs.jsonl", "--checkpoint", "notes.txt"],
                                                ["--checkpoint: expected a checkpoint"]),
     "a tokenizer of the wrong size": (["--dpo", "pairs.jsonl", "--tokenizer", "bpe.tokenizer.json"],
@@ -306,3 +305,27 @@ def test_a_full_disk_writes_nothing_and_says_so(work, monkeypatch):
     assert code == 2 and err.rstrip().splitlines()[-1].endswith(
         "--out: 't.npz' could not be written (No space left on device); no file was written")
     assert cli_hostile.snapshot(work) == before
+
+
+def test_quantize_scores_a_model_only_on_the_corpus_it_records(work):
+    """Issue 53, finding 21: ``quantize`` of a ``finetune`` output (tuned on pairs, no text corpus
+    recorded) prints no validation bits/byte on a corpus the model never saw, and says why; a
+    ``run tinygpt`` checkpoint is scored on the text it records."""
+    with open(os.path.join(work, "corpus.txt"), "w") as f:
+        f.write("the cat sat on the mat. " * 200)
+    ok([*RUN, "--steps", "2", "--sft", "pairs.jsonl", "--checkpoint", "base.npz", "--out",
+        "t.npz"], work)
+    q = ["--eval-windows", "2", "--gen-tokens", "2", "--threads", "1"]
+    out = ok(["quantize", "t.npz", "--out", "q.npz", *q], work)
+    assert "bits/byte" not in out, out
+    assert ("validation: not measured: t.npz is a `finetune` output, tuned on the preference "
+            "pairs 'pairs.jsonl' from 'base.npz'") in out
+    assert os.path.isfile(os.path.join(work, "q.npz"))
+    out = ok(["quantize", "base.npz", "--out", "q2.npz", *q], work)      # records no corpus either
+    assert "validation: not measured: base.npz records no corpus it was trained on" in out
+    ok(["run", "tinygpt", "--text", "corpus.txt", "--d-model", "8", "--n-heads", "2",
+        "--n-layers", "1", "--max-len", "8", "--batch-size", "2", "--eval-windows", "2",
+        "--eval-every", "0", "--sample-tokens", "2", "--temperatures", "1", "--no-progress",
+        "--warmup", "0", "--steps", "1", "--threads", "1", "--checkpoint", "run.npz"], work)
+    out = ok(["quantize", "run.npz", "--out", "q3.npz", *q], work)
+    assert "bits/byte" in out and "on 2 windows of the text 'corpus.txt'" in out, out

@@ -3,9 +3,10 @@
 Every command is one entry of ``RUNS`` (``run SYSTEM``) or ``COMMANDS`` below, registered the same
 way: its module's ``add_arguments(parser)``, ``files(args)`` (every file it reads and writes,
 ``tformer.runs.declare``), ``main(args)``, and optional ``check_flags(args)`` (flags that must
-agree) and ``check_args(args)`` (what the files it reads hold). ``main`` below runs them in the
-order check_flags, the declared files, check_args, main: nothing is read or written before the
-flags agree and the files are what they must be.
+agree) and ``check_args(args)`` (what the files it reads hold), and optional ``unused_flags(args)``
+(the flags that do nothing in the mode the command line chose: each one given is a usage error).
+``main`` below runs them in the order unused_flags, check_flags, the declared files, check_args,
+main: nothing is read or written before the flags agree and the files are what they must be.
 """
 import os
 
@@ -171,6 +172,28 @@ def _check_flags(parser, args, name="check_args"):
         _leaf(parser, args).error(_one_line(e))
 
 
+def _check_unused(parser, args):
+    """A command's ``unused_flags(args)``: ``[(flag, mode, when)]`` (``tformer.runs.flags.idle``),
+    the flags that do nothing in a mode, and whether the command line chose it. Each one given in
+    its idle mode (a value other than its default) is that command's usage error, naming the flag
+    and the mode."""
+    unused = getattr(sys.modules[args.func.__module__], "unused_flags", None)
+    if unused is None:
+        return
+    from .runs.flags import unused_error
+    leaf = _leaf(parser, args)
+    for flag, mode, when in unused(args):
+        action = leaf._option_string_actions[flag]             # a flag of this command
+        if not when:
+            continue
+        default = action.default
+        if isinstance(default, str) and action.type is not None:
+            default = action.type(default)               # argparse converts a text default too
+        value = getattr(args, action.dest, default)
+        if value != default:
+            leaf.error(_one_line(unused_error(flag, mode, value)))
+
+
 def _one_line(e):
     """An error's message on one line (a usage error is one line of stderr)."""
     return " ".join(str(e).split("\n"))
@@ -198,6 +221,7 @@ def main(argv=None):
         return 2
     parser = build_parser()
     args = parser.parse_args(argv)
+    _check_unused(parser, args)                   # flags that do nothing in the chosen mode
     _check_flags(parser, args, "check_flags")     # flags that must agree: no file read yet
     _check_files(parser, args)                    # what it reads and writes: before any work
     _check_flags(parser, args)                    # and what the files it reads hold

@@ -65,32 +65,100 @@ THREAD_VARIABLES = ("TFORMER_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THRE
 TARGET_CACHE_SPEEDUP = 5.0
 
 
+# The ranges the measurements hold: the generation model's context is prompt + new tokens, and
+# its uncached side recomputes the whole prefix at every token (time ∝ T²): 4,096 tokens each is
+# 16 times the default; a batch of 256 sequences, 32 times the largest default; --min-time at most
+# ten minutes a side and round.
+MAX_GEN_TOKENS, MAX_GEN_BATCH, MAX_MIN_TIME = 4096, 256, 600.0
+
+
+def _type_error(what, text):
+    import argparse
+    return argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+
+
+def _sizes(text):
+    """``--sizes``: a comma-separated subset of ``SIZES`` (empty: no training), as given."""
+    if any(s.strip() not in SIZES for s in text.split(",") if s.strip()):
+        raise _type_error(f"a comma-separated subset of {', '.join(SIZES)}", text)
+    return text
+
+
+def _gen_batches(text):
+    """``--gen-batches``: comma-separated batch sizes from 1 to ``MAX_GEN_BATCH`` (empty: no
+    generation), as given."""
+    what = f"comma-separated integers from 1 to {MAX_GEN_BATCH}"
+    try:
+        batches = [int(b) for b in text.split(",") if b.strip()]
+    except ValueError:
+        raise _type_error(what, text) from None
+    if not all(1 <= b <= MAX_GEN_BATCH for b in batches):
+        raise _type_error(what, text)
+    return text
+
+
+def _gen_tokens(text):
+    from ..runs.flags import _number
+    return _number(text, int, f"an integer from 1 to {MAX_GEN_TOKENS:,} (the uncached side "
+                              f"recomputes the prefix at every token)",
+                   lambda v: 1 <= v <= MAX_GEN_TOKENS)
+
+
+def _min_time(text):
+    from ..runs.flags import _number
+    return _number(text, float, f"seconds from 0 to {MAX_MIN_TIME:g}",
+                   lambda v: 0 <= v <= MAX_MIN_TIME)
+
+
 def add_arguments(p):
     """The bench command's flags."""
     p.description = ("Training and generation, tformer against PyTorch (make bench). --threads N "
                      "sets every library's threads on both sides; without it, each runs on its "
                      "defaults.")
-    p.add_argument("--sizes", default="small,medium,large",
-                   help="training sizes, a comma-separated subset of " + ", ".join(SIZES))
-    p.add_argument("--rounds", type=int, default=3, help="every measurement this many times")
-    p.add_argument("--steps", type=int, default=10, help="timed training steps per side and round")
-    p.add_argument("--warmup", type=int, default=2, help="untimed training steps first")
-    p.add_argument("--min-time", type=float, default=2.0,
+    from ..runs.flags import add_flag, positive_int
+    p.add_argument("--sizes", type=_sizes, default="small,medium,large",
+                   help="training sizes, a comma-separated subset of " + ", ".join(SIZES)
+                        + " ('' to skip training)")
+    p.add_argument("--rounds", type=positive_int, default=3,
+                   help="every measurement this many times")
+    add_flag(p, "--steps", 10, "timed training steps per side and round")
+    add_flag(p, "--warmup", 2, "untimed training steps first")
+    p.add_argument("--min-time", type=_min_time, default=2.0,
                    help="time more than --steps training steps until they take this many seconds "
                         "(both sides, each round)")
     p.add_argument("--malloc", default="default", choices=("default", "tuned"),
                    help="glibc's allocator as a user gets it, or keeping freed memory ("
                         + " ".join(f"{k}={v}" for k, v in MALLOC_TUNED.items()) + ")")
-    p.add_argument("--gen-batches", default="1,8", help="batch sizes of the generation benchmark "
+    p.add_argument("--gen-batches", type=_gen_batches, default="1,8",
+                   help="batch sizes of the generation benchmark "
                                                         "('' to skip it)")
-    p.add_argument("--gen-new", type=int, default=256, help="new tokens per generation")
-    p.add_argument("--gen-prompt", type=int, default=16, help="prompt tokens")
-    p.add_argument("--gen-reps", type=int, default=3,
+    p.add_argument("--gen-new", type=_gen_tokens, default=256, help="new tokens per generation")
+    p.add_argument("--gen-prompt", type=_gen_tokens, default=16, help="prompt tokens")
+    p.add_argument("--gen-reps", type=positive_int, default=3,
                    help="timed generations per cached side and round (without the cache: one)")
     p.add_argument("--no-torch", action="store_true", help="tformer alone")
     p.add_argument("--out", default=None,
                    help="the JSON file to write (default: book/data/bench_<CPU vendor>.json, "
                         "e.g. bench_intel.json)")
+
+
+def unused_flags(a):
+    """The flags of a benchmark that ``--sizes ''`` or ``--gen-batches ''`` leaves out."""
+    from ..runs.flags import idle
+    no_training = not [x for x in a.sizes.split(",") if x.strip()]
+    no_generation = not [x for x in a.gen_batches.split(",") if x.strip()]
+    return [*idle(["--steps", "--warmup", "--min-time", "--malloc"],
+                  "without training (--sizes '')", no_training),
+            *idle(["--gen-new", "--gen-prompt", "--gen-reps"],
+                  "without generation (--gen-batches '')", no_generation)]
+
+
+def check_flags(a):
+    """Something is measured: training, generation or both."""
+    sizes, batches = _check(a)
+    if not sizes and not batches:
+        raise ValueError("--sizes, --gen-batches: expected training sizes or generation batches, "
+                         "got neither")
 
 
 def files(a):
@@ -324,7 +392,8 @@ def _check(a):
         raise ValueError(f"--min-time: expected seconds ≥ 0, got {a.min_time}")
     for name, value, low in (("--rounds", a.rounds, 1), ("--steps", a.steps, 1), ("--warmup", a.warmup, 0),
                              ("--gen-new", a.gen_new, 1), ("--gen-prompt", a.gen_prompt, 1),
-                             ("--gen-reps", a.gen_reps, 1), ("--threads", a.threads or 1, 1),
+                             ("--gen-reps", a.gen_reps, 1),
+                             ("--threads", getattr(a, "threads", None) or 1, 1),
                              *(("--gen-batches", b, 1) for b in batches)):
         if value < low:
             raise ValueError(f"{name}: expected an integer ≥ {low}, got {value}")

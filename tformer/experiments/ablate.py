@@ -50,30 +50,93 @@ CONFIG_KEYS = ("d_model", "n_heads", "n_layers", "max_len", "batch_size", "steps
 
 
 def add_arguments(p):
+    from ..runs.flags import add_flag, positive_int
     p.add_argument("--out", default=DEFAULT_OUT, help="the JSON file to write")
     p.add_argument("--text", metavar="FILE", default=None,
                    help="train on this file instead of the standard-library corpus")
-    p.add_argument("--d-model", type=int, default=64, help="width C")
-    p.add_argument("--n-heads", type=int, default=4, help="attention heads H")
-    p.add_argument("--n-layers", type=int, default=2, help="blocks")
-    p.add_argument("--max-len", type=int, default=64, help="context length T")
-    p.add_argument("--batch-size", type=int, default=32, help="windows per step B")
-    p.add_argument("--steps", type=int, default=500, help="optimizer steps of every run")
-    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (run tinygpt's)")
-    p.add_argument("--high-lr", type=float, default=3e-2, help="peak learning rate of the pre/post study")
-    p.add_argument("--min-lr-ratio", type=float, default=0.1, help="final learning rate / peak")
-    p.add_argument("--warmup", type=int, default=50, help="linear warm-up steps")
-    p.add_argument("--weight-decay", type=float, default=0.1, help="λ of AdamW's decoupled decay")
-    p.add_argument("--clip", type=float, default=1.0, help="global gradient-norm clip")
-    p.add_argument("--eval-every", type=int, default=50, help="validation loss every this many steps")
-    p.add_argument("--eval-windows", type=int, default=64, help="windows of the intermediate evaluations")
-    p.add_argument("--n-kv-heads", type=int, default=None, help="key/value heads of gqa (default H/2)")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one run per seed")
+    add_flag(p, "--d-model", 64)
+    add_flag(p, "--n-heads", 4)
+    add_flag(p, "--n-layers", 2)
+    add_flag(p, "--max-len", 64)
+    add_flag(p, "--batch-size", 32)
+    add_flag(p, "--steps", 500, "optimizer steps of every run")
+    add_flag(p, "--lr", 3e-3, "peak learning rate (run tinygpt's)")
+    add_flag(p, "--high-lr", 3e-2, "peak learning rate of the pre/post study")
+    p.add_argument("--min-lr-ratio", type=_ratio, default=0.1,
+                   help="final learning rate / peak, in [0, 1]")
+    add_flag(p, "--warmup", 50)
+    add_flag(p, "--weight-decay", 0.1)
+    add_flag(p, "--clip", 1.0)
+    p.add_argument("--eval-every", type=positive_int, default=50,
+                   help="validation loss every this many steps")
+    p.add_argument("--eval-windows", type=positive_int, default=64,
+                   help="windows of the intermediate evaluations")
+    add_flag(p, "--n-kv-heads", None, "key/value heads of gqa (default H/2)")
+    add_flag(p, "--seeds", [0, 1, 2], nargs="+")
     p.add_argument("--only", nargs="+", default=None, metavar="NAME",
                    help="run only these configurations (names as in the file)")
     p.add_argument("--resume", action="store_true",
                    help="keep the runs of an existing --out made with the same configuration")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _ratio(text):
+    from ..runs.flags import _number
+    return _number(text, float, "a ratio in [0, 1]", lambda v: 0 <= v <= 1)
+
+
+# The configurations that the pre/post study's --high-lr and gqa's --n-kv-heads reach.
+HIGH_LR_RUNS = ("pre-norm, high lr", "post-norm, high lr")
+KV_RUNS = ("gqa", "modern")
+
+
+def unused_flags(args):
+    """``--only`` leaving out every run that reads ``--high-lr`` (or ``--n-kv-heads``)."""
+    from ..runs.flags import idle
+    only = set(args.only or ())
+    return [*idle("--high-lr", f"with --only {' '.join(map(repr, args.only or ()))} (it sets the "
+                               f"runs {', '.join(map(repr, HIGH_LR_RUNS))})",
+                  bool(only) and not only & set(HIGH_LR_RUNS)),
+            *idle("--n-kv-heads", f"with --only {' '.join(map(repr, args.only or ()))} (it sets "
+                                  f"the runs {', '.join(map(repr, KV_RUNS))})",
+                  bool(only) and not only & set(KV_RUNS))]
+
+
+def check_flags(args):
+    """The flags that must agree, before any file is read: ``--n-heads`` divides ``--d-model``
+    (and ``--n-kv-heads`` the heads), the learning rates are > 0, the seeds distinct, ``--only``
+    names configurations, and the largest run fits in memory (``tformer.runs.fits``)."""
+    import argparse
+
+    from ..runs.fits import check_fits
+    from ..runs.flags import heads_divide
+    heads_divide(args.d_model, args.n_heads)
+    kv = args.n_kv_heads or max(1, args.n_heads // 2)
+    if args.n_heads % kv:
+        raise ValueError(f"--n-kv-heads: must divide --n-heads = {args.n_heads}, got {kv}")
+    for flag, value in (("--lr", args.lr), ("--high-lr", args.high_lr)):
+        if value <= 0:
+            raise ValueError(f"{flag}: expected a positive number (a run that learns), got {value:g}")
+    if len(set(args.seeds)) != len(args.seeds):
+        raise ValueError(f"--seeds: expected distinct seeds, got {args.seeds}")
+    names = [c[0] for c in configurations({k: getattr(args, k) for k in CONFIG_KEYS})]
+    unknown = sorted(set(args.only or ()) - set(names))
+    if unknown:
+        raise ValueError(f"--only: unknown configurations {unknown}; expected some of {names}")
+    check_fits(argparse.Namespace(d_model=args.d_model, n_heads=args.n_heads,
+                                  n_layers=args.n_layers, max_len=args.max_len,
+                                  batch_size=args.batch_size, d_ff=None, attention="plain",
+                                  gradient_checkpointing=False, blocks_per_segment=1))
+
+
+def check_args(args):
+    """``--text`` holds a window of ``--max-len`` in each split; ``--resume``'s ``--out``, if
+    there, is a JSON object."""
+    from ..runs.flags import json_object_file, text_file
+    if args.text:
+        text_file(args.text, args.max_len, 0.1)
+    if args.resume:
+        json_object_file("--out", args.out, "a result of `ablate` to --resume")
 
 
 def files(args):
@@ -190,19 +253,11 @@ def summarize(runs, names):
 
 
 def _check(args):
-    for name in ("d_model", "n_heads", "n_layers", "max_len", "batch_size", "steps", "eval_every",
-                 "eval_windows"):
-        value = getattr(args, name)
-        if value < 1:
-            raise SystemExit(f"--{name.replace('_', '-')}: expected an integer ≥ 1, got {value}")
-    for name in ("lr", "high_lr"):
-        value = getattr(args, name)
-        if not (math.isfinite(value) and value > 0):
-            raise SystemExit(f"--{name.replace('_', '-')}: expected a positive number, got {value}")
-    if not 0.0 <= args.min_lr_ratio <= 1.0:
-        raise SystemExit(f"--min-lr-ratio: expected a value in [0, 1], got {args.min_lr_ratio}")
-    if len(set(args.seeds)) != len(args.seeds):
-        raise SystemExit(f"--seeds: expected distinct seeds, got {args.seeds}")
+    """``check_flags`` for a caller of ``main`` other than ``python -m tformer``."""
+    try:
+        check_flags(args)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
 
 
 def main(args):

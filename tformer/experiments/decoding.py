@@ -315,10 +315,21 @@ def add_arguments(p):
     p.add_argument("--drafts", default=DATA, help="the folder of the drafts (trained if missing)")
     p.add_argument("--modes", nargs="+", choices=sorted(MODES), default=list(MODES),
                    help="decoding settings to time: sampling at temperature 1, greedy")
-    p.add_argument("--prompts", type=positive_int, default=16, help="prompts timed per round")
+    p.add_argument("--prompts", type=_prompt_count, default=16, help="prompts timed per round")
     p.add_argument("--rounds", type=positive_int, default=3, help="interleaved timing rounds")
-    p.add_argument("--texts", type=positive_int, default=64,
+    p.add_argument("--texts", type=_prompt_count, default=64,
                    help="target-sampled texts on which α is computed exactly")
+
+
+# The most prompts cut from the yardstick (--prompts, --texts): 4,096, 64 times the default
+# --texts; each is sampled or timed, one after the other.
+MAX_PROMPTS = 4096
+
+
+def _prompt_count(text):
+    from ..runs.flags import _number
+    return _number(text, int, f"an integer from 1 to {MAX_PROMPTS:,} (prompts cut from the "
+                              f"yardstick)", lambda v: 1 <= v <= MAX_PROMPTS)
 
 
 def files(args):
@@ -349,9 +360,9 @@ def check_flags(args):
 def load_target(args):
     """``(model, tokenizer, kind)``: the shipped int8 model, or ``--target``."""
     from ..bpe import BPETokenizer
-    from .long_run import DEFAULT_OUT as PLAN, SHIPPED_TOKENIZER, load_shipped
+    from .long_run import DEFAULT_OUT as PLAN, SHIPPED_TOKENIZER, load_shipped_model
     if args.target is None:
-        model, tok = load_shipped()
+        model, tok = load_shipped_model("decoding")
         return model, tok, "w8"
     import json
     from ..runs.files import MALFORMED, load_tokenizer_file

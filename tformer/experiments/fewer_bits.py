@@ -39,7 +39,7 @@ from ..scaling.quantize import quantize_model, save_quantized
 from ..train import train
 from ..runs import tinygpt
 from ..runs.quantize_cmd import float32_weights_bytes, val_bpb
-from ..runs.flags import new_tokens, positive_int
+from ..runs.flags import add_flag, new_tokens, positive_int
 from .timing import best_seconds as _time, interleaved
 
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -54,10 +54,10 @@ def batch_cut(model, a):
 def add_arguments(p):
     """The command's flags."""
     p.add_argument("--out", default=DEFAULT_OUT, help="the JSON file to write")
-    p.add_argument("--steps", type=positive_int, default=None, help="training steps (default: run tinygpt's)")
-    p.add_argument("--time-rounds", type=positive_int, default=5, help="interleaved rounds of the step timing")
+    add_flag(p, "--steps", None, "training steps (default: run tinygpt's)")
+    add_flag(p, "--time-rounds", 5, "interleaved rounds of the step timing")
     p.add_argument("--time-steps", type=positive_int, default=3, help="steps per precision and round")
-    p.add_argument("--gen-tokens", type=new_tokens, default=64, help="bytes generated per timing of generation")
+    add_flag(p, "--gen-tokens", 64, "bytes generated per timing of generation")
 
 
 def check_flags(args):

@@ -197,10 +197,22 @@ def files(args):
     with ``--resume``), ``--ship`` and the tokenizer written beside it."""
     if args.predict:
         return [reads("--sweep", args.sweep or DEFAULT_SWEEP), writes("--out", args.out)]
-    return [reads("--out", args.out), writes("--out", args.out),
-            (updates if args.resume else writes)("--checkpoint", args.checkpoint),
+    return [updates("--out", args.out, required=True,
+                    what="a long-run prediction (long-run --predict writes it)"),
+            updates("--checkpoint", args.checkpoint, required=True,
+                    what="a checkpoint to continue (--resume)") if args.resume
+            else writes("--checkpoint", args.checkpoint),
             writes("--ship", args.ship or None),
             writes("--ship's tokenizer", ship_tokenizer(args.ship) if args.ship else None)]
+
+
+def unused_flags(args):
+    """``--predict`` makes a plan: the flags of the run do nothing with it (``--no-progress``,
+    which only silences, is taken anywhere, as ``--threads`` is)."""
+    from ..runs.flags import idle
+    return idle(["--checkpoint", "--checkpoint-every", "--eval-every", "--ship"],
+                "with --predict (it writes the plan; the run, without --predict, trains)",
+                args.predict)
 
 
 def check_flags(args):
@@ -271,9 +283,9 @@ def _read_json(path, flag, what):
             data = json.load(f)
     except FileNotFoundError:
         raise UsageError(f"{flag}: expected {what} at {path!r}, but there is no such file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise UsageError(f"{flag}: expected {what} in {path!r}, got a file that does not read as "
-                         f"JSON ({e})") from None
+                         f"JSON ({' '.join(str(e).split())[:120]})") from None
     if not isinstance(data, dict):
         raise UsageError(f"{flag}: expected {what} (a JSON object) in {path!r}, got {type(data).__name__}")
     return data
@@ -468,6 +480,19 @@ def load_shipped(path=SHIPPED_MODEL, tokenizer=SHIPPED_TOKENIZER, plan_path=DEFA
     model = TinyGPT(**model_config(plan["shape"], plan["vocab_size"], plan["block_size"]), seed=0)
     load_model(path, model)
     return model.eval(), BPETokenizer.load(tokenizer)
+
+
+def load_shipped_model(command):
+    """``load_shipped()`` for a command (``preference``, ``decoding``): a shipped model, plan or
+    tokenizer that does not read as the long run's is a ``UsageError`` naming them, not a
+    traceback."""
+    try:
+        return load_shipped()
+    except MALFORMED as e:
+        raise UsageError(f"the long run's model: expected {SHIPPED_MODEL!r} to be the int8 model of "
+                         f"the plan in {DEFAULT_OUT!r}, with its tokenizer {SHIPPED_TOKENIZER!r} "
+                         f"(long-run ships them), got {type(e).__name__}: "
+                         f"{' '.join(str(e).split())[:200]}; {command} reads them") from None
 
 
 def main(args):

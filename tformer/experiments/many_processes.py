@@ -40,16 +40,73 @@ CURVE = dict(d_model=64, n_heads=4, n_layers=2, max_len=64, batch_size=32, steps
              warmup=15, seed=0)
 
 
+# The largest all-reduce buffer: float32 numbers, 120 MB, ten times the book's largest (3,000,000);
+# each of the two ranks holds it and its sum.
+MAX_BUFFER = 30_000_000
+
+
+def _buffer_sizes(text):
+    """``--lengths``: comma-separated buffer sizes from 1 to ``MAX_BUFFER``, at least two distinct
+    (the fit t = a + b·N needs two); returned as given (the record keeps the text)."""
+    import argparse
+    what = (f"comma-separated integers from 1 to {MAX_BUFFER:,}, at least two distinct (the fit "
+            f"t = a + b·N)")
+    try:
+        sizes = [int(n) for n in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if len(set(sizes)) < 2 or not all(1 <= n <= MAX_BUFFER for n in sizes):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return text
+
+
 def add_arguments(p):
+    from ..runs.flags import add_flag, positive_int
     p.add_argument("--out", default=DEFAULT_OUT, help="the JSON file to write")
-    p.add_argument("--lengths", default="1000,10000,100000,300000,1000000,3000000",
+    p.add_argument("--lengths", type=_buffer_sizes,
+                   default="1000,10000,100000,300000,1000000,3000000",
                    help="buffer sizes N (float32 numbers) of the all-reduce timings")
-    p.add_argument("--reps", type=int, default=30, help="timed all-reduces per size (after 3 untimed)")
-    p.add_argument("--speed-steps", type=int, default=20, help="timed training steps per speed run")
-    p.add_argument("--speed-batch", type=int, default=64, help="global batch of the speed runs")
-    p.add_argument("--repeats", type=int, default=2, help="rounds of the speed runs (interleaved)")
-    p.add_argument("--curve-steps", type=int, default=CURVE["steps"], help="steps of the loss curves")
+    add_flag(p, "--reps", 30, "timed all-reduces per size (after 3 untimed)")
+    p.add_argument("--speed-steps", type=positive_int, default=20,
+                   help="timed training steps per speed run")
+    p.add_argument("--speed-batch", type=positive_int, default=64,
+                   help="global batch of the speed runs (even: two ranks share it)")
+    p.add_argument("--repeats", type=positive_int, default=2,
+                   help="rounds of the speed runs (interleaved)")
+    p.add_argument("--curve-steps", type=positive_int, default=CURVE["steps"],
+                   help=f"steps of the loss curves (more than their {CURVE['warmup']} warm-up "
+                        f"steps)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+
+
+def unused_flags(args):
+    """A rank of a job (``--worker``, started by the command itself) reads its spec alone."""
+    from ..runs.flags import idle
+    return idle(["--out", "--lengths", "--reps", "--speed-steps", "--speed-batch", "--repeats",
+                 "--curve-steps"], "with --worker (one rank of a job reads its JSON spec)",
+                args.worker is not None)
+
+
+def check_flags(args):
+    """The global batch splits over two ranks, the curves outlast their warm-up, and every speed
+    run fits in memory (``tformer.runs.fits``)."""
+    if args.worker is not None:
+        return
+    from ..runs.fits import check_fits
+    if args.speed_batch % 2:
+        raise ValueError(f"--speed-batch: expected an even global batch (two ranks share it), "
+                         f"got {args.speed_batch}")
+    if args.curve_steps <= CURVE["warmup"]:
+        raise ValueError(f"--curve-steps: expected more than the {CURVE['warmup']} warm-up steps, "
+                         f"got {args.curve_steps}")
+    try:
+        for size in SIZES.values():                      # each model of the speed runs
+            check_fits(argparse.Namespace(**size, max_len=64, batch_size=args.speed_batch,
+                                          d_ff=None, attention="plain",
+                                          gradient_checkpointing=False, blocks_per_segment=1))
+    except ValueError as e:
+        why = str(e).removeprefix("--max-len, --batch-size: ").replace("--batch-size", "--speed-batch")
+        raise ValueError(f"--speed-batch: {why}") from None
 
 
 def files(args):

@@ -68,6 +68,43 @@ def add_arguments(p):
 
 
 
+# The longest sequences of the batching comparison: rows of 2·MAX + 2 tokens, 64 a batch; 256 is
+# eight times the book's 32.
+MAX_BATCHING_LENGTH = 256
+
+
+def unused_flags(args):
+    """The flags of a part ``--parts`` leaves out (and ``--batching-steps`` under ``--quick``)."""
+    from ..runs.flags import idle
+    parts = set(args.parts)
+    return [*idle("--reps", "without --parts memory or overhead (it times their steps)",
+                  not parts & {"memory", "overhead"}),
+            *idle(["--modes", "--seeds", "--dropout-stream", "--chunk", "--batching-steps",
+                   "--batching-lengths", "--pool-size"], "without --parts batching",
+                  "batching" not in parts),
+            *idle("--batching-steps", "with --quick (60 steps)", "batching" in parts and args.quick),
+            *idle("--grad-norm-steps", "without --parts grad_norms", "grad_norms" not in parts),
+            *idle("--grad-norm-steps", "with --quick (40 steps)",
+                  "grad_norms" in parts and args.quick)]
+
+
+def check_args(args):
+    """An existing ``--out`` is a result file whose other parts are kept: a JSON object."""
+    from ..runs.flags import json_object_file
+    json_object_file("--out", args.out, "a result of `memory`")
+
+
+def check_flags(args):
+    """Lengths MIN ≤ MAX ≤ ``MAX_BATCHING_LENGTH``; distinct seeds and modes."""
+    lo, hi = args.batching_lengths
+    if lo > hi or hi > MAX_BATCHING_LENGTH:
+        raise ValueError(f"--batching-lengths: expected MIN ≤ MAX ≤ {MAX_BATCHING_LENGTH}, got "
+                         f"{lo} {hi}")
+    for flag, values in (("--seeds", args.seeds), ("--modes", args.modes), ("--parts", args.parts)):
+        if len(set(values)) != len(values):
+            raise ValueError(f"{flag}: expected distinct values, got {' '.join(map(str, values))}")
+
+
 def files(args):
     """What the command reads and writes (``tformer.runs.declare``): ``--out``, whose entries of
     the parts not run are kept (read if it exists)."""

@@ -31,17 +31,54 @@ SHAPE = dict(B=4, H=4, D=32)
 TILE_SIZES = (32, 64, 128, 256, 512)
 
 
+# The longest T the command takes: the flash kernel holds O(T) (q, k, v, dY and their gradients,
+# B·H·T·D float32 each: 16 KiB per position at B = H = 4, D = 32), and its time grows as T²: at
+# 65,536, 16 times the book's largest T of 16,384 and about 1 GiB.
+MAX_T = 65536
+
+
+def _length(text):
+    from ..runs.flags import _number
+    return _number(text, int, f"an integer ≥ 1 and at most {MAX_T:,} (flash's time grows as T²)",
+                   lambda v: 1 <= v <= MAX_T)
+
+
 def add_arguments(p):
+    from ..runs.flags import add_flag, positive_int
     p.add_argument("--out", default=DEFAULT_OUT, help="the JSON file to write (parts not run are kept)")
     p.add_argument("--parts", nargs="+", choices=["tiles", "sweep"], default=["tiles", "sweep"],
                    help="tiles: the tile-size sweep; sweep: plain against flash over --lengths")
-    p.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096, 8192, 16384],
+    p.add_argument("--lengths", type=_length, nargs="+",
+                   default=[256, 512, 1024, 2048, 4096, 8192, 16384],
                    help="sequence lengths T of the sweep")
-    p.add_argument("--reps", type=int, default=3, help="timed forward + backward passes per measurement")
-    p.add_argument("--tile-T", type=int, default=2048, help="T of the tile-size sweep")
-    p.add_argument("--tile-sizes", type=int, nargs="+", default=list(TILE_SIZES),
-                   help="query and key tile sizes tried (every pair)")
-    p.add_argument("--tile-rounds", type=int, default=5, help="interleaved rounds of the tile sweep")
+    add_flag(p, "--reps", 3, "timed forward + backward passes per measurement")
+    p.add_argument("--tile-T", type=_length, default=2048, help="T of the tile-size sweep")
+    p.add_argument("--tile-sizes", type=positive_int, nargs="+", default=list(TILE_SIZES),
+                   help="query and key tile sizes tried (every pair), each at most --tile-T")
+    p.add_argument("--tile-rounds", type=positive_int, default=5,
+                   help="interleaved rounds of the tile sweep")
+
+
+def unused_flags(args):
+    """The flags of the part ``--parts`` leaves out."""
+    from ..runs.flags import idle
+    return [*idle(["--tile-T", "--tile-sizes", "--tile-rounds"],
+                  "without the tile sweep (--parts tiles)", "tiles" not in args.parts),
+            *idle(["--lengths", "--reps"], "without the sweep over lengths (--parts sweep)",
+                  "sweep" not in args.parts)]
+
+
+def check_args(args):
+    """An existing ``--out`` is a result file whose other parts are kept: a JSON object."""
+    from ..runs.flags import json_object_file
+    json_object_file("--out", args.out, "a result of `online-softmax`")
+
+
+def check_flags(args):
+    """A tile holds at most the ``--tile-T`` rows it tiles."""
+    if "tiles" in args.parts and max(args.tile_sizes) > args.tile_T:
+        raise ValueError(f"--tile-sizes: expected tiles of at most --tile-T = {args.tile_T} rows, "
+                         f"got {max(args.tile_sizes)}")
 
 
 def files(args):

@@ -43,7 +43,7 @@ from ..runs.flags import UsageError, add_flag
 from ..scaling.quantize import dequantized
 from ..runs.declare import reads, writes
 from ..tune import Pairs, objective, tune
-from .long_run import load_shipped
+from .long_run import load_shipped, load_shipped_model
 from .provenance import load_average, record
 from .scaling_corpus import token_windows, windows_nats_per_char
 
@@ -215,7 +215,7 @@ def pick_lr(base, method, pairs, steps, seed, measure):
 
 def main(args):
     t0 = time.perf_counter()
-    qmodel, tokenizer = load_shipped()
+    qmodel, tokenizer = load_shipped_model("preference")
     ref = dequantized(qmodel)
     train_text, eval_text = texts()
     windows = yardstick_windows(tokenizer, eval_text, ref.max_len)

@@ -41,7 +41,8 @@ from ..bench.flops import train_step_flops
 from ..models.tinygpt import TinyGPT
 from ..optim import AdamW
 from ..progress import progress
-from ..runs.flags import UsageError, nonnegative_int, positive_float, positive_int
+from ..runs.flags import (UsageError, flops, idle, nonnegative_int, positive_int,
+                          positive_learning_rate)
 from ..runs.declare import updates
 from ..schedules import cosine_with_warmup
 from ..train import train
@@ -242,7 +243,7 @@ def print_plan(runs, step_seconds):
 def add_arguments(p):
     """The command's flags."""
     p.add_argument("--out", default=DEFAULT_OUT, help="the JSON file to write (and to resume)")
-    p.add_argument("--budgets", type=positive_float, nargs="+", default=list(DEFAULT_BUDGETS),
+    p.add_argument("--budgets", type=flops, nargs="+", default=list(DEFAULT_BUDGETS),
                    help="compute budgets C in FLOPs, one IsoFLOP profile each")
     p.add_argument("--sizes", type=positive_int, default=5, help="model shapes per budget")
     p.add_argument("--vocab-sizes", type=positive_int, nargs="+", default=[DEFAULT_VOCAB],
@@ -251,7 +252,8 @@ def add_arguments(p):
                    help="seeds, one run per seed")
     p.add_argument("--shapes", type=parse_shape, nargs="+", default=list(SHAPES),
                    help="the ladder of shapes LAYERSxWIDTH to choose from (e.g. 4x128)")
-    p.add_argument("--lr", type=positive_float, default=RECIPE["lr"], help="peak learning rate")
+    p.add_argument("--lr", type=positive_learning_rate, default=RECIPE["lr"],
+                   help="peak learning rate")
     p.add_argument("--plan-only", action="store_true",
                    help="time a step of every shape, print the plan and its expected time, exit")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -263,16 +265,29 @@ def parse_shape(text):
         L, C = (int(v) for v in text.lower().split("x"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected LAYERSxWIDTH such as 4x128, got {text!r}") from None
-    if L < 1 or C < 1 or C % heads(C):
-        raise argparse.ArgumentTypeError(f"expected ≥ 1 layer and a width C that round(C/{HEAD_WIDTH}) "
-                                         f"heads divide, got {text!r}")
+    if not (1 <= L <= MAX_LAYERS and 1 <= C <= MAX_WIDTH) or C % heads(C):
+        raise argparse.ArgumentTypeError(f"expected 1 to {MAX_LAYERS} layers and a width C of at "
+                                         f"most {MAX_WIDTH} that round(C/{HEAD_WIDTH}) heads "
+                                         f"divide, got {text!r}")
     return L, C
+
+
+# The largest shape of --shapes: 4 times the ladder's deepest and widest (8x256), a step of one
+# CPU's seconds, not its hours.
+MAX_LAYERS, MAX_WIDTH = 32, 1024
 
 
 def files(args):
     """What the command reads and writes (``tformer.runs.declare``): ``--out``, whose runs of the
-    same setup are kept (read if it exists)."""
-    return [updates("--out", args.out)]
+    same setup are kept (read if it exists); nothing with ``--plan-only``."""
+    return [] if args.plan_only else [updates("--out", args.out)]
+
+
+def unused_flags(args):
+    """``--plan-only`` prints the plan: no run, no file (``--no-progress``, which only silences,
+    is taken anywhere)."""
+    return idle(["--out"], "with --plan-only (it prints the plan and exits)",
+                args.plan_only)
 
 
 def check_args(args):
@@ -288,7 +303,10 @@ def check_args(args):
         raise ValueError(f"--sizes: expected at most {len(args.shapes)} (the ladder of --shapes), "
                          f"got {args.sizes}")
     from ..runs.declare import check
+    from ..runs.flags import json_object_file
     check(files(args))                   # python -m tformer checked it already; main calls this too
+    if not args.plan_only:               # its runs are kept: read before hours of BPE and timing
+        json_object_file("--out", args.out, "a scaling-sweep result to resume")
 
 
 def load_previous(path, setup):
@@ -299,7 +317,7 @@ def load_previous(path, setup):
     try:
         with open(path, encoding="utf-8") as f:
             old = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise UsageError(f"--out: expected a scaling-sweep result to resume in {path!r}, got a "
                          f"file that does not read as one ({e})") from None
     if not isinstance(old, dict) or not isinstance(old.get("runs", []), list):

@@ -37,7 +37,7 @@ from ..generate import sample
 from ..models.tinygpt import TinyGPT
 from ..optim import AdamW, cosine_with_warmup
 from ..progress import progress
-from ..runs.flags import nonnegative_int, positive_int
+from ..runs.flags import add_flag, nonnegative_int, positive_int
 from ..runs.tinygpt import forward_loss
 from ..train import train
 from .provenance import load_average, record
@@ -60,8 +60,7 @@ def add_arguments(p):
     p.add_argument("--out", default=DEFAULT_OUT, help="the JSON file to write")
     p.add_argument("--seeds", type=nonnegative_int, nargs="+", default=[0, 1, 2],
                    help="seeds of the initial weights and of the batches, one run each")
-    p.add_argument("--steps", type=positive_int, default=RECIPE["steps"],
-                   help="optimizer steps (the recipe's 2000; fewer for a quick try)")
+    add_flag(p, "--steps", RECIPE["steps"], "optimizer steps (the recipe's 2000; fewer for a quick try)")
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch twin's run")
 
 

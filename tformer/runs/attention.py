@@ -13,8 +13,8 @@ from ..data.copy_max import copy_max_batch, evaluate, half_sum_loss, held_out
 from ..models.attention_layer import AttentionLayer
 from ..optim import AdamW
 from ..train import train
-from .flags import (nonnegative_float, nonnegative_int, positive_float,
-                    positive_int)
+from .flags import (add_flag, nonnegative_int, positive_float, positive_int,
+                    weight_decay)
 
 DEFAULTS = dict(d_model=16, seq_len=8, batch_size=32, steps=3000, lr=3e-3)
 
@@ -22,27 +22,22 @@ DEFAULTS = dict(d_model=16, seq_len=8, batch_size=32, steps=3000, lr=3e-3)
 def add_common_arguments(parser, defaults):
     """The flags both the single attention layer and the two-layer transformer take: sizes, steps, optimizer, seed, evaluation."""
     g = parser.add_argument_group("sizes")
-    g.add_argument("--d-model", type=positive_int, default=defaults["d_model"],
-                   help="features per position, d (the inputs' width and the model's)")
+    add_flag(g, "--d-model", defaults["d_model"],
+             "features per position, d (the inputs' width and the model's)")
     g.add_argument("--seq-len", type=positive_int, default=defaults["seq_len"],
                    help="positions per sequence, T")
-    g.add_argument("--batch-size", type=positive_int, default=defaults["batch_size"],
-                   help="sequences per training batch, B")
+    add_flag(g, "--batch-size", defaults["batch_size"], "sequences per training batch, B")
     g = parser.add_argument_group("training")
-    g.add_argument("--steps", type=positive_int, default=defaults["steps"],
-                   help="AdamW steps (one batch each)")
-    g.add_argument("--lr", type=nonnegative_float, default=defaults["lr"], help="learning rate η")
-    g.add_argument("--weight-decay", type=nonnegative_float, default=0.01,
-                   help="AdamW's λ: W ← (1 − λη) W − …")
+    add_flag(g, "--steps", defaults["steps"], "AdamW steps (one batch each)")
+    add_flag(g, "--lr", defaults["lr"], "learning rate η")
+    add_flag(g, "--weight-decay", 0.01, "AdamW's λ: W ← (1 − λη) W − …")
     g.add_argument("--eps", type=positive_float, default=1e-8,
                    help="AdamW's ε, inside the square root")
-    g.add_argument("--seed", type=nonnegative_int, default=0,
-                   help="seeds the initial weights and every batch")
+    add_flag(g, "--seed", 0, "seeds the initial weights and every batch")
     g = parser.add_argument_group("evaluation and output")
     g.add_argument("--eval-batches", type=positive_int, default=16,
                    help="held-out batches of 64 sequences each (never used for training)")
-    g.add_argument("--eval-every", type=nonnegative_int, default=0,
-                   help="also evaluate every N steps and print it (0: only at the end)")
+    add_flag(g, "--eval-every", 0, "also evaluate every N steps and print it (0: only at the end)")
     g.add_argument("--checkpoint", default=None, metavar="PATH",
                    help="save model + optimizer + config here at the end (.npz)")
 

@@ -9,7 +9,9 @@ shipped model, a tokenizer written beside an output), each with the flag that na
                 updates("--checkpoint", args.checkpoint if args.resume else None)]
 
 ``reads``: read, must exist. ``writes``: written (replaced atomically). ``updates``: read if it
-exists, then written (``--resume``'s checkpoint, a result file that is completed). ``may_read``:
+exists, then written (``--resume``'s checkpoint, a result file that is completed); with
+``required=True`` it must exist (``long-run``'s ``--out``: its plan, completed with the result),
+checked as ``reads`` checks an input, and written as ``writes`` writes an output. ``may_read``:
 read if it exists, never written (a default that is used only when present). A ``None`` or ``""``
 path is no file. ``files(args)`` reads no file it declares and may settle a default that depends on other flags
 (the tokenizer beside ``--checkpoint``), storing it on ``args``.
@@ -41,6 +43,12 @@ class Declared(NamedTuple):
     role: str
     what: str = "a readable file"
     missing: str = "no such file"
+    required: bool = False
+
+    @property
+    def must_exist(self):
+        """An input that must be there: ``reads``, or ``updates(..., required=True)``."""
+        return self.role == READS or (self.role == UPDATES and self.required)
 
     @property
     def read(self):
@@ -66,9 +74,10 @@ def writes(flag, path):
     return Declared(flag, path, WRITES)
 
 
-def updates(flag, path):
-    """A file the command reads if it exists and then writes."""
-    return Declared(flag, path, UPDATES)
+def updates(flag, path, required=False, what="a readable file", missing="no such file"):
+    """A file the command reads if it exists (``required``: it must exist, ``what`` it is and
+    ``missing`` say so when not) and then writes."""
+    return Declared(flag, path, UPDATES, what, missing, required)
 
 
 def beside(path, name):
@@ -109,7 +118,7 @@ def _input(d):
     try:
         st = os.stat(d.path)
     except (FileNotFoundError, NotADirectoryError):
-        if d.role == READS:
+        if d.must_exist:
             why = "a broken symlink" if os.path.islink(d.path) else d.missing
             if not os.path.isabs(d.path) and d.path.startswith("book" + os.sep):
                 why += "; a file of the repository: run the command from its top folder"

@@ -14,29 +14,24 @@ from ..data.reconstruction import ReconstructionData, forward_loss, mse
 from ..models.encoder import Encoder
 from ..optim import Adam
 from ..train import train
-from .flags import Deprecated, heads_divide, nonnegative_float, nonnegative_int, positive_int
+from .flags import Deprecated, add_flag, heads_divide, nonnegative_float, nonnegative_int, positive_int
 
 HEADLINE_MSE = 0.0043          # the source's "Final MSE Loss" after 500 epochs
 
 
 def add_arguments(parser):
     """The flags of ``python -m tformer run encoder``; the defaults are the source's headline configuration."""
-    parser.add_argument("--n-layers", type=positive_int, default=2, help="number of post-LN blocks")
-    parser.add_argument("--d-model", type=positive_int, default=64,
-                        help="model width d (also the data's width)")
-    parser.add_argument("--n-heads", type=positive_int, default=4,
-                        help="attention heads (must divide d_model)")
+    add_flag(parser, "--n-layers", 2, "number of post-LN blocks")
+    add_flag(parser, "--d-model", 64, "model width d (also the data's width)")
+    add_flag(parser, "--n-heads", 4, "attention heads (must divide d_model)")
     parser.add_argument("--d-ff", type=positive_int, default=256,
                         help="hidden width of the ReLU feed-forward network")
-    parser.add_argument("--steps", type=positive_int, default=None,
-                        help="optimizer steps (default: 500 epochs, passes over the training set, "
+    add_flag(parser, "--steps", None,
+             "optimizer steps (default: 500 epochs, passes over the training set, "
                              "of ⌈n_train / batch_size⌉ steps each: 4000 with the default data)")
-    parser.add_argument("--lr", type=nonnegative_float, default=1e-3,
-                        help="Adam learning rate η (betas 0.9, 0.999, ε 1e-8)")
-    parser.add_argument("--batch-size", type=positive_int, default=32,
-                        help="sequences per mini-batch")
-    parser.add_argument("--seed", type=nonnegative_int, default=0,
-                        help="seed of the data and of the initial weights")
+    add_flag(parser, "--lr", 1e-3, "Adam learning rate η (betas 0.9, 0.999, ε 1e-8)")
+    add_flag(parser, "--batch-size", 32, "sequences per mini-batch")
+    add_flag(parser, "--seed", 0, "seed of the data and of the initial weights")
     parser.add_argument("--n-train", type=positive_int, default=256,
                         help="training sequences (fixed for the whole run)")
     parser.add_argument("--n-test", type=positive_int, default=64,

@@ -1,8 +1,8 @@
 """Fine-tuning flags of ``python -m tformer run tinygpt``, and ``generate --adapter``.
 
 ``--base CHECKPOINT`` starts from a trained TinyGPT instead of a random one (its shape comes from
-the checkpoint, whatever the model flags say); alone, every parameter is trained (full
-fine-tuning). ``--lora R`` trains rank-R adapters on the layers named by ``--lora-targets``
+the checkpoint; a model flag that says otherwise is a usage error); alone, every parameter is
+trained (full fine-tuning). ``--lora R`` trains rank-R adapters on the layers named by ``--lora-targets``
 (``tformer.lora``) and nothing else: the optimizer, the gradient clipping and ``--checkpoint``
 (which ``--resume`` continues) hold the adapters only, and at the end ``--adapter`` receives the
 adapter file (``tformer.lora_file``: A, B, r, α, the targets and the base's fingerprint).
@@ -28,7 +28,8 @@ LORA_CHECKPOINT = "checkpoints/tinygpt-lora.npz"
 def add_arguments(p):
     g = p.add_argument_group("fine-tuning (LoRA)")
     g.add_argument("--base", metavar="CHECKPOINT", default=None,
-                   help="start from this TinyGPT checkpoint (its shape replaces the model flags); "
+                   help="start from this TinyGPT checkpoint (its shape is the model's: a model flag "
+                        "that says otherwise is refused); "
                         "without --lora every parameter is trained")
     g.add_argument("--lora", metavar="R", type=positive_int, default=None,
                    help="train only rank-R LoRA adapters on --lora-targets of the --base model")
@@ -74,7 +75,14 @@ def check_args(args):
         raise ValueError(f"--base: expected a TinyGPT of the 256 bytes (fine-tuning keeps the "
                          f"base's vocabulary, and the run reads bytes), got {args.base!r} of "
                          f"{config.get('vocab_size')} tokens")
+    defaults = _run_defaults()
     for key, dest in SHAPE_FLAGS.items():
+        given = getattr(args, dest)
+        if given != defaults[dest] and given != config[key]:      # a flag --base overrides
+            flag = "--" + dest.replace("_", "-")
+            raise ValueError(f"{flag}: does nothing with --base (the model's shape is the base's, "
+                             f"{key} = {config[key]}); expected no {flag} with it, got {flag} "
+                             f"{given}")
         setattr(args, dest, config[key])
     if args.lora is not None:
         if args.precision != "fp32":
@@ -86,6 +94,16 @@ def check_args(args):
     if os.path.abspath(args.checkpoint) == os.path.abspath(args.base):
         raise ValueError(f"--checkpoint: expected another file than --base (the run would "
                          f"overwrite its base model), got {args.checkpoint!r}")
+
+
+def _run_defaults():
+    """``{dest: default}`` of the flags of ``run tinygpt``."""
+    import argparse
+
+    from . import tinygpt
+    p = argparse.ArgumentParser()
+    tinygpt.add_arguments(p)
+    return {a.dest: a.default for a in p._actions}
 
 
 def settle_outputs(args):

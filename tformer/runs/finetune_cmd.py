@@ -43,8 +43,8 @@ from ..scaling.quantize import dequantized
 from ..tune import margins, objective, tune
 from .files import (MALFORMED, check_tokenizer, load_tinygpt_file, load_tokenizer_file,
                     read_checkpoint_file, tokenizer_record)
-from .flags import (UsageError, _number, dpo_beta, lora_alpha, nonnegative_int, positive_float,
-                    positive_int)
+from .flags import (UsageError, _number, add_flag, dpo_beta, lora_alpha, nonnegative_int,
+                    positive_int, positive_learning_rate)
 from .finetune import checked_targets
 from .pairs_file import read_pairs
 from .declare import reads, writes
@@ -91,7 +91,7 @@ def add_arguments(p):
                    help=f"comma-separated layer names: qkv, o, fc1, fc2, lm_head, or the groups "
                         f"attn, mlp, all (None: {LORA_TARGETS})")
     p.add_argument("--steps", type=steps_flag, default=STEPS, help="optimizer steps")
-    p.add_argument("--lr", type=positive_float, default=None,
+    p.add_argument("--lr", type=positive_learning_rate, default=None,
                    help=f"peak learning rate (None: {LR['lora']:g} with --lora, {LR['full']:g} "
                         f"without)")
     p.add_argument("--beta", type=dpo_beta, default=None,
@@ -99,8 +99,7 @@ def add_arguments(p):
                         f"with --sft, the β of the implicit reward reported)")
     p.add_argument("--batch-pairs", type=positive_int, default=BATCH_PAIRS,
                    help="pairs per step (at most the file's pairs)")
-    p.add_argument("--seed", type=nonnegative_int, default=0,
-                   help="seed of the order of the pairs and of the adapters' start")
+    add_flag(p, "--seed", 0, "seed of the order of the pairs and of the adapters' start")
 
 
 def files(args):

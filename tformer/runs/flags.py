@@ -62,6 +62,51 @@ def learning_rate(text):
                    lambda v: math.isfinite(v) and 0 <= v <= MAX_LR)
 
 
+def positive_learning_rate(text):
+    """A learning rate that trains: a finite number > 0 and at most ``MAX_LR``."""
+    return _number(text, float, f"a finite number > 0 and at most {MAX_LR:g} (a learning rate: "
+                                f"AdamW moves a weight by about lr a step)",
+                   lambda v: math.isfinite(v) and 0 < v <= MAX_LR)
+
+
+# The largest compute budget a command plans: FLOPs, years of one CPU; a larger plan is no run.
+MAX_FLOPS = 1e19
+
+
+def flops(text):
+    """A compute budget: FLOPs > 0 and at most ``MAX_FLOPS``."""
+    return _number(text, float, f"FLOPs > 0 and at most {MAX_FLOPS:g} (years of one CPU)",
+                   lambda v: math.isfinite(v) and 0 < v <= MAX_FLOPS)
+
+
+# AdamW's decoupled decay multiplies each weight by 1 − lr·λ a step: past 1 it flips the weights'
+# signs. λ at most 10 (with the rates the book uses, lr·λ stays far below 1).
+MAX_WEIGHT_DECAY = 10.0
+
+
+def weight_decay(text):
+    """AdamW's λ: a finite number from 0 to ``MAX_WEIGHT_DECAY``."""
+    return _number(text, float, f"a finite number ≥ 0 and at most {MAX_WEIGHT_DECAY:g} (AdamW "
+                                f"multiplies each weight by 1 − lr·λ a step)",
+                   lambda v: math.isfinite(v) and 0 <= v <= MAX_WEIGHT_DECAY)
+
+
+# Beam search's length penalty ((5 + |y|) / 6)^α: at α = 10 a hypothesis twice as long already
+# weighs hundreds of times more (beyond, the length alone ranks them; at 1e308 it overflows).
+MAX_LENGTH_PENALTY = 10.0
+
+
+def length_penalty(text):
+    """Beam search's α: a finite number from 0 to ``MAX_LENGTH_PENALTY``."""
+    return _number(text, float, f"a finite number ≥ 0 and at most {MAX_LENGTH_PENALTY:g}",
+                   lambda v: math.isfinite(v) and 0 <= v <= MAX_LENGTH_PENALTY)
+
+
+def fraction(text):
+    """A share in [0, 1] (an exact-match target)."""
+    return _number(text, float, "a share in [0, 1]", lambda v: 0 <= v <= 1)
+
+
 # The smallest temperature > 0: below it logits / T overflow (float32 holds 3.4e38; logits reach
 # 1e3), and what is written is no longer the model's most likely text. 0 is greedy.
 MIN_TEMPERATURE = 1e-30
@@ -185,7 +230,7 @@ FLAGS = {
     "--min-lr-ratio": (nonnegative_float, "final learning rate / peak"),
     "--warmup": (nonnegative_int, "linear warm-up steps"),
     "--beta2": (probability, "AdamW's β₂"),
-    "--weight-decay": (nonnegative_float, "λ of AdamW's decoupled decay"),
+    "--weight-decay": (weight_decay, "λ of AdamW's decoupled decay"),
     "--clip": (nonnegative_float, "global gradient-norm clip (0: off)"),
     "--eval-every": (nonnegative_int, "evaluate every this many steps"),
     "--eval-windows": (positive_int, "windows of each evaluation"),
@@ -231,6 +276,24 @@ def heads_divide(d_model, n_heads, d_flag="--d-model", h_flag="--n-heads", even=
                          f"pairs), got {d_model}")
 
 
+def idle(flags, mode, when=True):
+    """``unused_flags`` helper: ``[(flag, mode, when)]`` for each of ``flags`` (one or a list):
+    when ``when`` holds, the flag does nothing ``mode`` ("with greedy decoding (--temperature
+    0)"). Every flag is listed whatever ``when`` is (a test checks that the command has it)."""
+    return [(f, mode, bool(when)) for f in ([flags] if isinstance(flags, str) else flags)]
+
+
+def unused_error(flag, mode, value):
+    """The usage error of ``flag`` given with ``value`` where it does nothing (``mode``)."""
+    if value is True:
+        got = flag
+    elif isinstance(value, (list, tuple)):
+        got = f"{flag} {' '.join(map(str, value))}"
+    else:
+        got = f"{flag} {value}"
+    return ValueError(f"{flag}: does nothing {mode}; expected no {flag} with it, got {got}")
+
+
 class Deprecated(argparse.Action):
     """An old spelling of a flag, kept for one release: it stores into the new flag's ``dest``
     and prints one line naming the new spelling (``add_argument("--layers", dest="n_layers",
@@ -266,6 +329,23 @@ def text_file(path, block_size, val_fraction, flag="--text"):
     raise ValueError(f"{flag}: expected a file of at least {least:,} bytes (its train and "
                      f"validation splits, --val-fraction {val_fraction:g}, each hold --max-len + 2 "
                      f"= {need} bytes), got {path!r} of {size:,} bytes")
+
+
+def json_object_file(flag, path, what):
+    """``check_args`` helper: ``path``, if it exists, reads as a JSON object (a result file a
+    command completes: checked before the work, not found malformed after it)."""
+    import json
+    if not os.path.exists(path):
+        return
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise ValueError(f"{flag}: expected {what} (it is completed, not replaced), got {path!r}, "
+                         f"which does not read as JSON ({' '.join(str(e).split())[:100]})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{flag}: expected {what} (a JSON object), got {path!r} holding a "
+                         f"{type(data).__name__}")
 
 
 def resumed_steps(meta, steps, path):

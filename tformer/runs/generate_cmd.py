@@ -19,7 +19,8 @@ from . import finetune
 from .tinygpt import DEFAULT_CHECKPOINT
 from .files import load_tinygpt  # noqa: F401  (rebuilds a TinyGPT from its checkpoint)
 from .files import check_tokenizer, load_tinygpt_file, load_tokenizer_file
-from .flags import (MAX_NEW_TOKENS, UsageError, min_p, new_tokens, nonnegative_int, positive_int,
+from .flags import (MAX_NEW_TOKENS, UsageError, add_flag, idle, min_p, new_tokens,
+                    nonnegative_int, positive_int,
                     temperature, top_p, utf8_text)
 
 
@@ -28,8 +29,8 @@ def add_arguments(p):
     p.add_argument("--checkpoint", default=DEFAULT_CHECKPOINT,
                    help="a checkpoint saved by `python -m tformer run tinygpt`")
     p.add_argument("--prompt", type=utf8_text, default="def ", help="text to continue")
-    p.add_argument("--max-new-tokens", type=new_tokens, default=200,
-                   help=f"tokens to generate (at most {MAX_NEW_TOKENS:,}: what the command holds "
+    add_flag(p, "--max-new-tokens", 200,
+             f"tokens to generate (at most {MAX_NEW_TOKENS:,}: what the command holds "
                         f"and prints at once)")
     p.add_argument("--temperature", type=temperature, default=0.8, help="0 = greedy; > 1 flatter, < 1 sharper")
     p.add_argument("--top-k", type=positive_int, default=None, help="sample only from the k most likely bytes")
@@ -42,7 +43,7 @@ def add_arguments(p):
                         "checkpoint's model checks (the same distribution of text)")
     p.add_argument("--lookahead", type=positive_int, default=None,
                    help=f"tokens the --draft proposes per round (default {LOOKAHEAD})")
-    p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the draws: the same seed, the same text")
+    add_flag(p, "--seed", 0, "seed of the draws: the same seed, the same text")
     p.add_argument("--no-cache", action="store_true", help="recompute everything at every step")
     p.add_argument("--tokenizer", metavar="FILE", default=None,
                    help="the BPE tokenizer a model trained on tokens was trained with "
@@ -60,6 +61,13 @@ def files(args):
     return [reads("--checkpoint", args.checkpoint, CHECKPOINT, "no checkpoint at that path"),
             reads("--tokenizer", args.tokenizer),
             reads("--adapter", getattr(args, "adapter", None)), reads("--draft", args.draft)]
+
+
+def unused_flags(args):
+    """Greedy decoding (``--temperature 0``) takes the most likely token: no filter, no draw."""
+    return idle(["--top-k", "--top-p", "--min-p", "--seed"],
+                "with greedy decoding (--temperature 0: the most likely token, no draw)",
+                args.temperature == 0)
 
 
 def check_flags(args):

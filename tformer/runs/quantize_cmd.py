@@ -5,6 +5,12 @@ quantizes every Linear layer, the LM head and the embedding tables to int8 (``tf
 and writes an inference-only checkpoint that ``load_checkpoint`` and ``python -m tformer generate
 --checkpoint FILE`` accept. It prints the file's size against the float32 files and, for TinyGPT,
 the validation bits/byte and the generation speed of the float32 and the quantized model.
+
+The validation bytes are those of the corpus the checkpoint records it was trained on (``run
+tinygpt`` records its ``data``: ``--text``, or ``--corpus python`` / ``shakespeare``, with its split
+and seed). A checkpoint that records none (a ``finetune`` output, tuned on preference pairs, or a
+file of an older run) gets no bits/byte: the command says so rather than score the model on a
+corpus it may never have seen.
 """
 import io
 import os
@@ -13,6 +19,7 @@ import time
 import numpy as np
 
 from ..checkpoint import load_checkpoint, read_checkpoint
+from ..data.shakespeare import shakespeare_data
 from ..data.text import TextData, bits_per_byte, encode, evaluate_loss
 from ..generate import sample
 from ..models.tinygpt import TinyGPT
@@ -74,15 +81,37 @@ def float32_weights_bytes(model):
     return buf.getbuffer().nbytes
 
 
+def training_data(meta):
+    """The ``data`` record of the run that trained the checkpoint (``run tinygpt`` saves it), or
+    None when the checkpoint records none (a ``finetune`` output, an older file)."""
+    record = (meta.get("extra") or {}).get("data")
+    return record if isinstance(record, dict) else None
+
+
+def unscored_reason(meta):
+    """Why the validation bits/byte of a checkpoint with no ``data`` record is not measured."""
+    tuned = (meta.get("extra") or {}).get("finetune")
+    if isinstance(tuned, dict):
+        return (f"is a `finetune` output, tuned on the preference pairs "
+                f"{tuned.get('pairs', '?')!r} from {tuned.get('base', '?')!r}, and records no text "
+                f"corpus it was trained on")
+    return ("records no corpus it was trained on (no `data` of `run tinygpt`), and bits/byte on "
+            "another would not be its validation loss")
+
+
 def tinygpt_val_data(meta, eval_windows=None):
-    """The validation windows the TinyGPT run scored (its ``data`` settings, saved in the checkpoint)."""
-    d = dict(text=None, block_size=meta["config"]["max_len"], batch_size=64, val_fraction=0.1, seed=0,
-             eval_windows=128)
-    d.update(meta.get("extra", {}).get("data", {}))
+    """The validation windows the TinyGPT run scored: its ``data`` settings, saved in the
+    checkpoint (``--text``, or the ``--corpus`` of the standard library or Shakespeare)."""
+    d = dict(text=None, corpus="python", block_size=meta["config"]["max_len"], batch_size=64,
+             val_fraction=0.1, seed=0, eval_windows=128)
+    d.update(training_data(meta) or {})
+    args = (d["block_size"], d["batch_size"], d["val_fraction"], d["seed"])
     if d["text"]:
-        data = TextData.from_file(d["text"], d["block_size"], d["batch_size"], d["val_fraction"], d["seed"])
+        data = TextData.from_file(d["text"], *args)
+    elif d["corpus"] == "shakespeare":
+        data = shakespeare_data(*args)
     else:
-        data = TextData.from_stdlib(d["block_size"], d["batch_size"], d["val_fraction"], d["seed"])
+        data = TextData.from_stdlib(*args)
     return data.windows("val", eval_windows or d["eval_windows"])
 
 
@@ -108,13 +137,20 @@ def _inputs(args):
         raise UsageError(f"CHECKPOINT: expected {EXPECTED}, got {args.checkpoint!r}: "
                          f"{str(e).removeprefix('path: ')}") from None
     windows = None
-    if _scored(model):
+    if _scored(model) and training_data(meta) is not None:
         try:
             windows = tinygpt_val_data(meta, args.eval_windows)
         except MALFORMED as e:
             raise UsageError(f"CHECKPOINT: expected the text {args.checkpoint!r} was trained on "
                              f"to be readable, as it was: {e}") from None
     return model, meta, windows, qmodel
+
+
+def _corpus_name(record):
+    """The corpus of a ``data`` record, as the validation line names it."""
+    if record.get("text"):
+        return f"the text {record['text']!r}"
+    return f"the {record.get('corpus') or 'python'} corpus"
 
 
 def _scored(model):
@@ -128,8 +164,9 @@ def main(args):
     f32_bytes = float32_weights_bytes(model)
     ckpt_bytes = os.path.getsize(args.checkpoint)
     is_gpt = _scored(model)
-    if is_gpt:
+    if windows is not None:
         bpb_f = val_bpb(model, windows)
+    if is_gpt:
         tps_f = tokens_per_second(model, args.gen_tokens)
     extra = {"source": os.path.basename(args.checkpoint), "float32_weights_bytes": f32_bytes}
     if "tokenizer" in (meta.get("extra") or {}):
@@ -139,11 +176,15 @@ def main(args):
     print(f"{args.scheme}: {args.out} is {q_bytes:,} bytes: {100 * q_bytes / f32_bytes:.1f}% of the "
           f"float32 weights ({f32_bytes:,} bytes), {100 * q_bytes / ckpt_bytes:.1f}% of the training "
           f"checkpoint {args.checkpoint} ({ckpt_bytes:,} bytes, optimizer state included)")
-    if is_gpt:
+    if windows is not None:
         bpb_q = val_bpb(qmodel, windows)
-        tps_q = tokens_per_second(qmodel, args.gen_tokens)
         print(f"validation: float32 {bpb_f:.4f} bits/byte, {args.scheme} {bpb_q:.4f} bits/byte "
-              f"({100 * (bpb_q / bpb_f - 1):+.2f}%) on {windows[0].shape[0]} windows")
+              f"({100 * (bpb_q / bpb_f - 1):+.2f}%) on {windows[0].shape[0]} windows of "
+              f"{_corpus_name(training_data(meta))}")
+    elif is_gpt:
+        print(f"validation: not measured: {args.checkpoint} {unscored_reason(meta)}")
+    if is_gpt:
+        tps_q = tokens_per_second(qmodel, args.gen_tokens)
         print(f"generation: float32 {tps_f:.0f} bytes/s, {args.scheme} {tps_q:.0f} bytes/s "
               f"({args.gen_tokens} bytes, KV cache)")
     return 0

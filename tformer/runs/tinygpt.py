@@ -41,7 +41,8 @@ from . import finetune
 from .fits import check_fits
 from .files import (MALFORMED, check_tokenizer, load_tokenizer_file, read_checkpoint_file,
                     tokenizer_record)
-from .flags import (UsageError, bpe_vocab, heads_divide, learning_rate, new_tokens, nonnegative_float,
+from .flags import (UsageError, add_flag, idle, bpe_vocab, heads_divide, learning_rate, new_tokens,
+                    nonnegative_float,
                     nonnegative_int, positive_float, positive_int, probability, resumed_steps,
                     temperatures, text_file, utf8_text)
 from .declare import reads, updates, writes
@@ -62,8 +63,7 @@ def add_arguments(p):
     g.add_argument("--text", metavar="FILE", default=None,
                    help="train on this file (bytes) instead of the standard-library corpus")
     g.add_argument("--val-fraction", type=probability, default=0.1, help="share of each document held out")
-    g.add_argument("--eval-windows", type=positive_int, default=128,
-                   help="fixed windows of each split used to measure train/val loss")
+    add_flag(g, "--eval-windows", 128, "fixed windows of each split used to measure train/val loss")
     g.add_argument("--bpe", type=bpe_vocab, default=None, metavar="V",
                    help="train a byte-level BPE tokenizer of V ≥ 257 tokens on the training split "
                         "and TinyGPT on its tokens (T then counts tokens); it is saved to --tokenizer. "
@@ -72,11 +72,10 @@ def add_arguments(p):
                    help="with --bpe: where to save the tokenizer (default: the checkpoint's path "
                         "+ .tokenizer.json); alone: train on the tokens of this saved tokenizer")
     g = p.add_argument_group("model")
-    g.add_argument("--d-model", type=positive_int, default=128, help="width C")
-    g.add_argument("--n-heads", type=positive_int, default=4, help="attention heads (the seed's is 1)")
-    g.add_argument("--n-layers", type=positive_int, default=3, help="pre-norm blocks")
-    g.add_argument("--max-len", type=positive_int, default=64,
-                   help="context length: learned positions and training window T")
+    add_flag(g, "--d-model", 128, "width C")
+    add_flag(g, "--n-heads", 4, "attention heads (the seed's is 1)")
+    add_flag(g, "--n-layers", 3, "pre-norm blocks")
+    add_flag(g, "--max-len", 64, "context length: learned positions and training window T")
     g.add_argument("--d-ff", type=positive_int, default=None,
                    help="hidden width of the MLP (default 4C; for SwiGLU at the same parameter "
                         "budget, 2/3 of 4C: tformer.modern_layers.swiglu_hidden)")
@@ -85,8 +84,7 @@ def add_arguments(p):
     g.add_argument("--positions", choices=["learned", "sinusoidal", "rope"], default="learned",
                    help="position information: learned table, fixed sinusoids, or rotary (RoPE)")
     g.add_argument("--mlp", choices=["gelu", "relu", "swiglu"], default="gelu", help="feed-forward network")
-    g.add_argument("--n-kv-heads", type=positive_int, default=None,
-                   help="key/value heads of grouped-query attention (default: --n-heads)")
+    add_flag(g, "--n-kv-heads", None, "key/value heads of grouped-query attention (default: --n-heads)")
     g.add_argument("--tie-embeddings", action="store_true", help="LM head weight = W_teᵀ")
     g.add_argument("--norm-position", choices=["pre", "post"], default="pre",
                    help="pre-norm X + f(N(X)) (TinyGPT) or post-norm N(X + f(X)) (the complete Transformer, the post-LN encoder)")
@@ -100,15 +98,15 @@ def add_arguments(p):
                    help="with --gradient-checkpointing: blocks recomputed together (k; √L is a "
                         "good choice)")
     g = p.add_argument_group("training")
-    g.add_argument("--steps", type=positive_int, default=500, help="optimizer steps")
-    g.add_argument("--batch-size", type=positive_int, default=64, help="windows per step (B)")
-    g.add_argument("--lr", type=learning_rate, default=3e-3, help="peak learning rate α")
-    g.add_argument("--min-lr", type=learning_rate, default=3e-4, help="learning rate at the end of the cosine")
-    g.add_argument("--warmup", type=nonnegative_int, default=50, help="linear warm-up steps")
-    g.add_argument("--weight-decay", type=nonnegative_float, default=0.1, help="λ of the decoupled decay")
-    g.add_argument("--clip", type=nonnegative_float, default=1.0, help="clip the global gradient norm to this")
-    g.add_argument("--eval-every", type=nonnegative_int, default=100, help="evaluate every this many steps")
-    g.add_argument("--seed", type=nonnegative_int, default=0, help="seeds the initialisation and the batches")
+    add_flag(g, "--steps", 500, "optimizer steps")
+    add_flag(g, "--batch-size", 64, "windows per step (B)")
+    add_flag(g, "--lr", 3e-3, "peak learning rate α")
+    add_flag(g, "--min-lr", 3e-4, "learning rate at the end of the cosine")
+    add_flag(g, "--warmup", 50, "linear warm-up steps")
+    add_flag(g, "--weight-decay", 0.1, "λ of the decoupled decay")
+    add_flag(g, "--clip", 1.0, "clip the global gradient norm to this")
+    add_flag(g, "--eval-every", 100, "evaluate every this many steps")
+    add_flag(g, "--seed", 0, "seeds the initialisation and the batches")
     g.add_argument("--checkpoint", default=DEFAULT_CHECKPOINT, help="where to save the model")
     g.add_argument("--checkpoint-every", type=nonnegative_int, default=100, help="write the checkpoint every this many steps")
     g.add_argument("--resume", action="store_true", help="continue from --checkpoint if it exists")
@@ -123,7 +121,7 @@ def add_arguments(p):
     g.add_argument("--prompt", type=utf8_text, default=None,
                    help="prompt of the printed samples (default: 'def ' for --corpus python, "
                         "'ROMEO:\\n' for shakespeare)")
-    g.add_argument("--sample-tokens", type=new_tokens, default=200, help="bytes per sample")
+    add_flag(g, "--sample-tokens", 200, "bytes per sample")
     g.add_argument("--temperatures", type=temperatures, default="0.7,0.8,1.0",
                    help="comma-separated temperatures (each ≥ 0)")
     finetune.add_arguments(p)
@@ -143,6 +141,17 @@ def files(args):
             (updates if args.resume else writes)("--checkpoint", args.checkpoint),
             writes("--adapter", args.adapter if args.lora is not None else None),
             writes("--tokenizer", args.tokenizer_out), writes("--log", getattr(args, "log", None))]
+
+
+def unused_flags(args):
+    """Flags of a mode the command line did not choose: the loss scale of fp16, the segments of
+    gradient checkpointing, the prompt of samples that are not written."""
+    return [*idle("--init-scale", f"with --precision {args.precision} (the initial loss scale "
+                                  f"of fp16)", args.precision != "fp16"),
+            *idle("--blocks-per-segment", "without --gradient-checkpointing",
+                  not args.gradient_checkpointing),
+            *idle("--prompt", "without samples (--sample-tokens 0 or no --temperatures)",
+                  args.sample_tokens == 0 or not args.temperatures)]
 
 
 def check_args(args):
@@ -323,6 +332,12 @@ def main(args):
         return cosine_with_warmup(step, args.lr, warmup, args.steps, args.min_lr)
 
     evaluate = make_evaluate(data, args.eval_windows)
+    # the corpus, split and windows of the run, in every checkpoint it writes (quantize scores
+    # a checkpoint on the validation bytes of the corpus it records)
+    data_record = {"text": args.text, "corpus": args.corpus, "block_size": args.max_len,
+                   "batch_size": args.batch_size, "val_fraction": args.val_fraction,
+                   "seed": args.seed, "eval_windows": args.eval_windows,
+                   "tokenizer_merges": len(tokenizer.merges) if tokenizer else None}
     batch = data.batch if dp is None else (lambda i: local_slice(data.batch(i), world))
     hist = train(model, opt, batch, forward_loss, args.steps, start_step=start, clip_norm=args.clip,
                  lr_schedule=schedule, evaluate=evaluate, eval_every=args.eval_every,
@@ -330,7 +345,7 @@ def main(args):
                  progress_bar=False if args.no_progress else None, desc="tinygpt",
                  data_parallel=dp, precision=precision,
                  log_path=getattr(args, "log", None) if world.is_root else None,
-                 checkpoint_extra={"tokenizer": tokenizer_record(tokenizer)})
+                 checkpoint_extra={"tokenizer": tokenizer_record(tokenizer), "data": data_record})
     if not hist["eval"]:                                     # resumed at the last step
         hist["eval"].append((args.steps, evaluate(model.eval())))
     for step, m in hist["eval"]:
@@ -344,11 +359,7 @@ def main(args):
         "val_bpb": final["val_bpb"], "train_seconds": train_time, "world_size": world.size,
         "steps": args.steps, "tokenizer": tokenizer_record(tokenizer),
         "eval": [[s, m] for s, m in hist["eval"]],
-        "data": {"text": args.text, "corpus": args.corpus, "block_size": args.max_len,
-                 "batch_size": args.batch_size,
-                 "val_fraction": args.val_fraction, "seed": args.seed,
-                 "eval_windows": args.eval_windows,
-                 "tokenizer_merges": len(tokenizer.merges) if tokenizer else None}})
+        "data": data_record})
     finetune.finish(args, model)               # --lora: the adapter file
     if not world.is_root:                                    # rank 0 alone prints the samples
         return 0 if math.isfinite(final["val_bpb"]) else 1

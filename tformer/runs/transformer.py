@@ -29,7 +29,8 @@ from ..optim import Adam, cosine_with_warmup, noam_lr
 from ..scaling.precision import PRECISIONS, precision_policy
 from ..train import train
 from .files import MALFORMED, read_checkpoint_file
-from .flags import (UsageError, at_least_two, heads_divide, learning_rate, nonnegative_float,
+from .flags import (UsageError, add_flag, at_least_two, fraction, heads_divide, idle,
+                    learning_rate, length_penalty, nonnegative_float,
                     nonnegative_int, positive_float, positive_int, probability, resumed_steps)
 from .declare import updates, writes
 
@@ -46,12 +47,11 @@ def add_arguments(p):
     g.add_argument("--n-symbols", type=at_least_two, default=10,
                    help="alphabet size of the sequences")
     g.add_argument("--min-len", type=positive_int, default=1, help="shortest sequence")
-    g.add_argument("--max-len", type=positive_int, default=8,
-                   help="longest sequence (rows are padded to 2·max_len+3)")
+    add_flag(g, "--max-len", 8, "longest sequence (rows are padded to 2·max_len+3)")
     g = p.add_argument_group("model (the complete Transformer, decoder-only)")
-    g.add_argument("--d-model", type=positive_int, default=64, help="width C")
-    g.add_argument("--n-heads", type=positive_int, default=4, help="attention heads H")
-    g.add_argument("--n-layers", type=positive_int, default=2, help="post-norm blocks N")
+    add_flag(g, "--d-model", 64, "width C")
+    add_flag(g, "--n-heads", 4, "attention heads H")
+    add_flag(g, "--n-layers", 2, "post-norm blocks N")
     g.add_argument("--d-ff", type=positive_int, default=256, help="hidden width of the ReLU FFN")
     g.add_argument("--dropout", type=probability, default=0.1,
                    help="dropout probability (off in eval)")
@@ -64,8 +64,8 @@ def add_arguments(p):
                    help="with --gradient-checkpointing: blocks recomputed together (k; √N is a "
                         "good choice)")
     g = p.add_argument_group("training")
-    g.add_argument("--steps", type=positive_int, default=1500, help="optimizer steps")
-    g.add_argument("--batch-size", type=positive_int, default=64, help="sequences per micro-batch")
+    add_flag(g, "--steps", 1500, "optimizer steps")
+    add_flag(g, "--batch-size", 64, "sequences per micro-batch")
     g.add_argument("--accum", type=positive_int, default=1,
                    help="micro-batches accumulated per step")
     g.add_argument("--batching", choices=("fixed", "bucketed", "sorted"), default="fixed",
@@ -79,15 +79,12 @@ def add_arguments(p):
                         "sorted an eighth of that)")
     g.add_argument("--pool-size", type=positive_int, default=1024,
                    help="bucketed: sequences sorted by length together")
-    g.add_argument("--lr", type=learning_rate, default=2e-3,
-                   help="peak learning rate (reached at step --warmup)")
+    add_flag(g, "--lr", 2e-3, "peak learning rate (reached at step --warmup)")
     g.add_argument("--schedule", choices=("cosine", "noam"), default="cosine",
                    help="cosine with linear warm-up to --lr, or lr·√warmup·min(step^-0.5, step·warmup^-1.5)")
-    g.add_argument("--warmup", type=nonnegative_int, default=150, help="warm-up steps")
-    g.add_argument("--clip", type=nonnegative_float, default=1.0,
-                   help="clip the global gradient norm to this (0: off)")
-    g.add_argument("--seed", type=nonnegative_int, default=0,
-                   help="seeds the initialisation, dropout and the batches")
+    add_flag(g, "--warmup", 150, "warm-up steps")
+    add_flag(g, "--clip", 1.0, "clip the global gradient norm to this (0: off)")
+    add_flag(g, "--seed", 0, "seeds the initialisation, dropout and the batches")
     g.add_argument("--checkpoint", default=DEFAULT_CHECKPOINT,
                    help="checkpoint file (written atomically)")
     g.add_argument("--checkpoint-every", type=positive_int, default=250,
@@ -101,12 +98,11 @@ def add_arguments(p):
     g = p.add_argument_group("evaluation")
     g.add_argument("--eval-size", type=positive_int, default=1000,
                    help="distinct held-out sequences for exact match")
-    g.add_argument("--eval-every", type=nonnegative_int, default=500,
-                   help="greedy exact match every this many steps (0: end only)")
+    add_flag(g, "--eval-every", 500, "greedy exact match every this many steps (0: end only)")
     g.add_argument("--beam-width", type=positive_int, default=4, help="beam width k")
-    g.add_argument("--length-penalty", type=nonnegative_float, default=0.6,
+    g.add_argument("--length-penalty", type=length_penalty, default=0.6,
                    help="α of lp(L) = ((5+L)/6)^α")
-    g.add_argument("--target", type=nonnegative_float, default=0.99,
+    g.add_argument("--target", type=fraction, default=0.99,
                    help="exit status 1 if greedy exact match ends below this (0: never)")
 
 
@@ -115,6 +111,19 @@ def files(args):
     ``--resume``) and ``--log``."""
     return [(updates if args.resume else writes)("--checkpoint", args.checkpoint),
             writes("--log", getattr(args, "log", None))]
+
+
+def unused_flags(args):
+    """Flags of a mode the command line did not choose: the loss scale of fp16, the segments of
+    gradient checkpointing, the budget of bucketed or sorted batches and the pool of bucketed."""
+    return [*idle("--init-scale", f"with --precision {args.precision} (the initial loss scale "
+                                  f"of fp16)", args.precision != "fp16"),
+            *idle("--blocks-per-segment", "without --gradient-checkpointing",
+                  not args.gradient_checkpointing),
+            *idle("--max-tokens", "with --batching fixed (--batch-size rows)",
+                  args.batching == "fixed"),
+            *idle("--pool-size", f"with --batching {args.batching} (the pool of bucketed "
+                                 f"batches)", args.batching != "bucketed")]
 
 
 def check_args(args):

@@ -10,7 +10,7 @@ from ..models.two_layer import TwoLayerTransformer
 from .attention import add_common_arguments, fit
 from .attention import check_flags  # noqa: F401  (the same flags, the same bound)
 from .attention import files as attention_files
-from .flags import positive_int
+from .flags import idle, positive_int
 
 DEFAULTS = dict(d_model=16, seq_len=8, batch_size=32, steps=3000, lr=3e-3)
 TASKS = {"copy_max": (copy_max.copy_max_batch, copy_max.held_out),
@@ -26,6 +26,11 @@ def add_arguments(parser):
                    help="leave out both swish MLPs (an ablation; the source has them)")
     g.add_argument("--task", choices=sorted(TASKS), default="copy_max",
                    help="copy_max: inputs U(0, 1); copy_max_centered: inputs N(0, 1)")
+
+
+def unused_flags(args):
+    """``--d-ff`` is the width of the MLP that ``--no-mlp`` drops."""
+    return idle("--d-ff", "with --no-mlp (the width of the MLP it drops)", args.no_mlp)
 
 
 def files(args):
