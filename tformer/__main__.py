@@ -87,7 +87,7 @@ def _add(sub, name, module, help_text):
     p = sub.add_parser(name, help=help_text, description=help_text,
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     mod.add_arguments(p)
-    p.set_defaults(func=mod.main)
+    p.set_defaults(func=mod.main, command_module=mod.__name__)
     return p
 
 
@@ -148,7 +148,7 @@ def _check_files(parser, args):
     """The files the command declares (its module's ``files(args)``, ``tformer.runs.declare``):
     checked before anything else reads or writes one; a ValueError is the usage error."""
     from .runs import declare
-    files = getattr(sys.modules[args.func.__module__], "files", None)
+    files = getattr(sys.modules[args.command_module], "files", None)
     if files is None:                             # tests/test_declared_files.py fails on it too
         _leaf(parser, args).error("the command declares no files (files(args), "
                                   "tformer.runs.declare); it cannot run")
@@ -163,7 +163,7 @@ def _check_flags(parser, args, name="check_args"):
     ``check_args(args)`` (the same, and the content of the files it reads), in the module of its
     ``main`` (``tformer.runs.flags``): its ValueError becomes that command's usage error, exit
     status 2, before anything runs."""
-    check = getattr(sys.modules[args.func.__module__], name, None)
+    check = getattr(sys.modules[args.command_module], name, None)
     if check is None:
         return
     try:
@@ -177,7 +177,7 @@ def _check_unused(parser, args):
     the flags that do nothing in a mode, and whether the command line chose it. Each one given in
     its idle mode (a value other than its default) is that command's usage error, naming the flag
     and the mode."""
-    unused = getattr(sys.modules[args.func.__module__], "unused_flags", None)
+    unused = getattr(sys.modules[args.command_module], "unused_flags", None)
     if unused is None:
         return
     from .runs.flags import unused_error
