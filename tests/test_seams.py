@@ -34,9 +34,6 @@ ALLOWED = {
                             "beside linear_forward (a public name belongs to fast/linear.py)",
     ("speculative.py", "_check_decode"): "generate's decoding checks (generate.py, not in this change)",
     ("speculative.py", "_rng_of"): "generate's seed-or-generator helper (generate.py, not in this change)",
-    ("experiments/fewer_bits.py", "_data"): "runs.tinygpt._data (experiments/: another helper's files)",
-    ("experiments/lora_train.py", "_modules"): "Module.modules() is the public name (experiments/)",
-    ("experiments/lora_train.py", "_frozen"): "a frozen parameter's gradient home (experiments/)",
 }
 
 

@@ -148,6 +148,11 @@ class Module:
                              f"{sorted(self.params)}, got {unknown}")
         return [(self, keys)] if keys else [(m, tuple(m.params)) for m in self.modules()]
 
+    def gradient_arrays(self):
+        """Every gradient array this module holds: ``grads`` (a frozen parameter's entry is its
+        scratch array) and the places of its frozen parameters in the flat gradient buffer."""
+        return list(self.grads.values()) + list(self._frozen.values())
+
     def is_frozen(self, key):
         """True if parameter ``key`` of this module is frozen."""
         return key in self._frozen
@@ -198,7 +203,6 @@ class Module:
             walk = self._walk
         return walk[2]
 
-    _modules = modules          # the former private name (notebooks' cells still call it)
 
     def named_children(self):
         """``[(name, child)]``: the modules directly below this one."""

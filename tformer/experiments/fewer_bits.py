@@ -81,7 +81,7 @@ def run_args(argv=()):
 
 def build(args):
     """The data, model, precision policy and optimizer of ``run tinygpt`` for ``args``."""
-    data = tinygpt._data(args)
+    data = tinygpt.data_for(args)
     model = TinyGPT(d_model=args.d_model, n_heads=args.n_heads, n_layers=args.n_layers,
                     max_len=args.max_len, seed=args.seed)
     precision = precision_policy(model, args.precision, args.init_scale)
@@ -140,7 +140,7 @@ def step_memory(args):
 
     The persistent arrays are also counted exactly: ``masters_bytes`` ... ``adam_state_bytes``.
     """
-    data = tinygpt._data(args)
+    data = tinygpt.data_for(args)
     batches = [data.batch(0), data.batch(1)]
     tracemalloc.start()
     try:
@@ -231,7 +231,7 @@ def tokens_per_second(models, n_tokens, rounds=3):
 
 def quantization(model, args, workdir, gen_tokens):
     """Sizes, validation bits/byte, logit errors and generation speed of w8 and w8a8 against float32."""
-    data = tinygpt._data(args)
+    data = tinygpt.data_for(args)
     windows = data.windows("val", args.eval_windows)
     res = {"float32_weights_bytes": float32_weights_bytes(model)}
     ckpt = os.path.join(workdir, "fp32.npz")
@@ -293,7 +293,7 @@ def main(args):
             run["skipped"] = hist["skipped"]
             run["final_loss_scale"] = precision.loss_scale
             precision.detach()                                        # the float32 masters
-            run["val_bpb_masters_fp32"] = tinygpt.make_evaluate(tinygpt._data(a), a.eval_windows)(
+            run["val_bpb_masters_fp32"] = tinygpt.make_evaluate(tinygpt.data_for(a), a.eval_windows)(
                 model.eval())["val_bpb"]
         else:
             fp32_model = model.eval()

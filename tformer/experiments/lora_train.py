@@ -156,8 +156,8 @@ def gradient_bytes(model, params):
     scratch arrays that frozen layers write into), each array counted once."""
     needed = sum(g.nbytes for _, _, g in params.named_parameters() if g is not None)
     seen, allocated = set(), 0
-    for m in model._modules():
-        for g in list(m.grads.values()) + list(m._frozen.values()):
+    for m in model.modules():
+        for g in m.gradient_arrays():
             root = g if g.base is None else g.base
             if id(root) not in seen:
                 seen.add(id(root))

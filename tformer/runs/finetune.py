@@ -43,10 +43,11 @@ def add_arguments(p):
                         ".adapter.npz)")
 
 
-def check_args(args):
+def check_args(args, defaults):
     """``--lora`` needs ``--base``, fp32 and no ``--zero``; ``--base`` must be a whole TinyGPT
-    checkpoint of the 256 bytes, and its shape becomes the run's; the run's ``--checkpoint``
-    is never the base."""
+    checkpoint of the 256 bytes, and its shape becomes the run's (a shape flag given with
+    another value than its default in ``defaults``, ``{dest: default}`` of ``run tinygpt``, is a
+    usage error); the run's ``--checkpoint`` is never the base."""
     if args.lora is None:
         for flag, value in (("--lora-alpha", args.lora_alpha), ("--adapter", args.adapter),
                             ("--lora-targets", args.lora_targets)):
@@ -75,7 +76,6 @@ def check_args(args):
         raise ValueError(f"--base: expected a TinyGPT of the 256 bytes (fine-tuning keeps the "
                          f"base's vocabulary, and the run reads bytes), got {args.base!r} of "
                          f"{config.get('vocab_size')} tokens")
-    defaults = _run_defaults()
     for key, dest in SHAPE_FLAGS.items():
         given = getattr(args, dest)
         if given != defaults[dest] and given != config[key]:      # a flag --base overrides
@@ -94,16 +94,6 @@ def check_args(args):
     if os.path.abspath(args.checkpoint) == os.path.abspath(args.base):
         raise ValueError(f"--checkpoint: expected another file than --base (the run would "
                          f"overwrite its base model), got {args.checkpoint!r}")
-
-
-def _run_defaults():
-    """``{dest: default}`` of the flags of ``run tinygpt``."""
-    import argparse
-
-    from . import tinygpt
-    p = argparse.ArgumentParser()
-    tinygpt.add_arguments(p)
-    return {a.dest: a.default for a in p._actions}
 
 
 def settle_outputs(args):

@@ -21,6 +21,7 @@ on tokens compare; ``generate --tokenizer FILE`` writes from such a model.
 one thread per call meanwhile (``tformer.parallel``; ``--threads N`` or ``TFORMER_NUM_THREADS`` say
 otherwise, see ``tformer/__main__.py``). The default run takes a few minutes on 2 cores.
 """
+import argparse
 import math
 import os
 import time
@@ -95,8 +96,8 @@ def add_arguments(p):
                    help="keep only each segment's input and recompute its forward in the backward "
                         "(Fitting in memory): less memory, about one more forward pass per step")
     g.add_argument("--blocks-per-segment", type=positive_int, default=1,
-                   help="with --gradient-checkpointing: blocks recomputed together (k; √L is a "
-                        "good choice)")
+                   help="with --gradient-checkpointing: blocks recomputed together (k; for "
+                        "TinyGPT k = 1 keeps the least: Fitting in memory)")
     g = p.add_argument_group("training")
     add_flag(g, "--steps", 500, "optimizer steps")
     add_flag(g, "--batch-size", 64, "windows per step (B)")
@@ -154,13 +155,20 @@ def unused_flags(args):
                   args.sample_tokens == 0 or not args.temperatures)]
 
 
+def defaults():
+    """``{dest: default}`` of this command's flags."""
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return vars(p.parse_args([]))
+
+
 def check_args(args):
     """The flags that must agree, and the files (ValueError naming them): ``--n-heads`` divides
     ``--d-model``, ``--n-kv-heads`` divides ``--n-heads``, ``--val-fraction`` holds something out,
     ``--text`` is a file long enough for ``--max-len``, ``--tokenizer`` and ``--resume``'s
     checkpoint are well formed, no output is an input or another output and every output can be
     written, and the run fits in memory (``tformer.runs.fits``)."""
-    finetune.check_args(args)                  # --base sets the model's shape: first
+    finetune.check_args(args, defaults())      # --base sets the model's shape: first
     heads_divide(args.d_model, args.n_heads)
     if args.n_kv_heads is not None and args.n_heads % args.n_kv_heads:
         raise ValueError(f"--n-kv-heads: must divide --n-heads = {args.n_heads}, "
@@ -192,7 +200,8 @@ def check_args(args):
     check_fits(args, vocab_size=args.loaded_tokenizer.vocab_size if args.loaded_tokenizer else 256)
 
 
-def _data(args):
+def data_for(args):
+    """The text the command line names: ``--text``, or ``--corpus`` (Shakespeare or Python)."""
     if args.text:
         return TextData.from_file(args.text, args.max_len, args.batch_size, args.val_fraction, args.seed)
     if args.corpus == "shakespeare":
@@ -284,7 +293,7 @@ def main(args):
     world = get_world()
     with world.together("checking the flags"):
         local_batch = check_global_batch(args.batch_size, world, "--batch-size")
-    data = _data(args)
+    data = data_for(args)
     source = args.text or (f"{len(data.names)} plays of Shakespeare" if args.corpus == "shakespeare"
                            else f"{len(data.names)} standard-library modules")
     H = data.unigram_entropy("corpus")

@@ -26,10 +26,6 @@ import numpy as np
 from ..blocks import BlockStack
 from ..layers import Dropout
 
-# What ``clear_caches`` dropped before each layer declared it (``Module.saved``). Nothing in the
-# package reads it: notebook 21's cell still imports it.
-CACHE_ATTRS = ("_cache", "att", "_rope")
-
 
 def check_checkpointing(gradient_checkpointing, blocks_per_segment=1):
     """``gradient_checkpointing``: True or False (TypeError otherwise); ``blocks_per_segment``: an
