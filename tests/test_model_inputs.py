@@ -342,7 +342,7 @@ def test_exhaustive_search_wants_one_prompt():
     ("run transformer --lr nan", r"argument --lr: expected a finite number ≥ 0, got 'nan'"),
     ("run transformer --beam-width 0", r"argument --beam-width: expected an integer ≥ 1, got '0'"),
     ("run transformer --length-penalty -1", r"argument --length-penalty: expected a finite number ≥ 0"),
-    ("run transformer --target -0.5", r"argument --target: expected a finite number ≥ 0, got '-0.5'"),
+    ("run transformer --target -0.5", r"argument --target: expected a share in \[0, 1\], got '-0.5'"),
     ("run transformer --batching bucketed --max-tokens 17",
      r"--max-tokens: expected at least one row of 2·--max-len \+ 2 = 18 positions, got 17"),
     ("run attention --seq-len 0", r"argument --seq-len: expected an integer ≥ 1, got '0'"),

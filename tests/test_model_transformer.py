@@ -495,7 +495,7 @@ def test_run_transformer_cli(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "greedy" in out and "beam (k=4" in out and "exact match" in out
     assert read_checkpoint(path)[0]["step"] == 12
-    assert main(argv[:-2] + ["--steps", "14", "--resume", "--target", "1.01"]) == 1   # target missed
+    assert main(argv[:-2] + ["--steps", "14", "--resume", "--target", "1"]) == 1      # target missed
     assert "resumed from" in capsys.readouterr().out
     assert read_checkpoint(path)[0]["step"] == 14
 
