@@ -167,11 +167,7 @@ class Muon(Optimizer):
 
     def step(self):
         """Advance ``t`` by one and update every matrix, side by side on the threads."""
-        params = list(self._parameters())  # checked in full before anything changes
-        for name, _, _ in params:
-            if name not in self.state:
-                raise ValueError(f"parameter {name!r} was not present when the optimizer was "
-                                 f"created; known parameters: {sorted(self.state)}")
+        params = self._step_parameters()
         self.t += 1
         parallel.run_tasks(*(functools.partial(self._update, param, grad, self.state[name])
                              for name, param, grad in params))

@@ -128,13 +128,19 @@ class Optimizer:
             seen_arrays.add(id(param))
             yield name, param, grad
 
-    def step(self):
-        """Advance ``t`` by one and update every parameter in place from its gradient."""
-        params = list(self._parameters())  # checked in full before anything changes
-        for name, param, grad in params:
+    def _step_parameters(self):
+        """``[(name, param, grad)]`` a step updates, checked in full before anything changes:
+        each one known when the optimizer was made."""
+        params = list(self._parameters())
+        for name, _, _ in params:
             if name not in self.state:
                 raise ValueError(f"parameter {name!r} was not present when the optimizer was "
                                  f"created; known parameters: {sorted(self.state)}")
+        return params
+
+    def step(self):
+        """Advance ``t`` by one and update every parameter in place from its gradient."""
+        params = self._step_parameters()
         self.t += 1
         if self._flat is not None and (self.model.flat_buffers() or (None,))[0] is self._flat[0]:
             # Every parameter at once: one sweep over the flat buffers, split across threads from
