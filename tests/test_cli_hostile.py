@@ -67,7 +67,7 @@ def test_the_caps_end_a_run_that_allocates_or_waits_too_long(tmp_path, monkeypat
 
     def hog(argv=None):
         import numpy as np
-        np.ones(cli_hostile.MEMORY_CAP // 8 + (1 << 20))               # more than the cap
+        np.ones(cli_hostile.MEMORY_CAP // 4)          # twice the cap: beyond any slack the child has
         return 0
 
     def sleeper(argv=None):
