@@ -173,7 +173,7 @@ def _quiet(argv):
 
 
 def _fixtures():
-    from tformer.checkpoint import read_npz, write_npz
+    from tformer.training.checkpoint import read_npz, write_npz
     rng = random.Random(0)
     for name, seed in (("corpus.txt", 0), ("other.txt", 1)):
         r = random.Random(seed)
@@ -183,7 +183,7 @@ def _fixtures():
     corpus = os.path.abspath("corpus.txt")
     _quiet([*RUN, "--text", corpus, "--checkpoint", "base.npz"])
     _quiet([*RUN, "--text", corpus, "--checkpoint", "bpe.npz", "--bpe", "300"])
-    from tformer.bpe import BPETokenizer                   # another tokenizer of bpe.npz's size
+    from tformer.data.bpe import BPETokenizer                   # another tokenizer of bpe.npz's size
     size = BPETokenizer.load("bpe.tokenizer.json").vocab_size
     with open("other.txt", "rb") as f:
         other = f.read()

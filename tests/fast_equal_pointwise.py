@@ -3,7 +3,7 @@ its reference kernel."""
 import numpy as np
 import pytest
 
-from tformer import parallel
+from tformer.core import parallel
 
 TOL = {np.float64: 1e-12, np.float32: 1e-5}
 

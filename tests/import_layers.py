@@ -1,55 +1,41 @@
 """The package's layers, bottom to top, and the checker that holds the imports to them.
 
-A module may import from its own layer or from a layer below, never from one above, and no chain
-of imports may come back to where it started. Every import counts: at the top of a module and
-inside a function (a lazy import is a dependency all the same). ``tests/test_imports.py`` runs
-the checker on ``tformer``.
+Each layer is one folder of ``tformer/``: the folders are the layers. A module may import from
+its own folder or from a folder below, never from one above, and no chain of imports may come
+back to where it started. Every import counts: at the top of a module and inside a function (a
+lazy import is a dependency all the same). ``tests/test_imports.py`` runs the checker on
+``tformer``.
+
+This list is the package map's one copy: what each folder holds is its ``__init__.py``'s first
+paragraph, and ``package_map()`` renders both into the block of ``README.md`` that
+``tests/test_imports.py`` holds equal to it (``python tools/package_map.py --write`` rewrites it).
 
 Why some modules sit where they do:
-- ``parallel`` (the thread pool) is below the kernels: every kernel splits its rows with it.
-- ``scaling.recompute`` (gradient checkpointing) is a stack of blocks that a model builds on its
-  keyword, so it sits below the models; ``scaling.batch_threads`` (the batch cut across threads)
-  wraps any model from outside and ``train`` uses it, so it sits there too, below training, not
-  with the scaling that builds on training (precision, quantize, MPI, ZeRO).
-- ``data`` sits above "using a model": a sequence task scores a model by decoding it.
-- ``tune`` (DPO and SFT on preference pairs) sits above ``data``: its pairs are rows of
-  ``data.pairs``, which samples them from a model.
-- The experiments (the commands that write ``book/data/*.json``) and the benchmarks are one
-  layer: the bench reruns an experiment's measurement, an experiment borrows the bench's PyTorch
-  twin. ``python -m tformer`` (``__main__``) registers every command, so it is the top.
+- ``core.parallel`` (the thread pool) is below the kernels: every kernel splits its rows with it;
+  ``core.provenance``, ``core.cpu`` and ``core.timing`` (where and how a number was measured) are
+  below everything that measures: the experiments and the bench.
+- ``nn.recompute`` (gradient checkpointing) is a stack of blocks that a model builds on its
+  keyword, so it sits with the layers, below the models; ``training.batch_threads`` (the batch cut
+  across threads) wraps any model from outside, and the training loop runs it.
+- ``decoding.quantize`` (int8) sits with decoding: an int8 model is one to decode with.
+- ``data`` sits above ``decoding``: a sequence task scores a model by decoding it; the tokenizer
+  (``data.bpe``) is data's own.
+- ``tuning`` (DPO and SFT on preference pairs, and the pairs) sits above ``data``: its pairs are
+  sampled from a model and scored by a judge.
+- The bench is below the experiments: an experiment borrows the bench's FLOP count and its
+  PyTorch twin; the bench measures, and reads nothing of the experiments.
+  ``python -m tformer`` (``__main__``) registers every command, so it is the top.
 """
 import ast
 import fnmatch
 import os
 
-# (name, module patterns); fnmatch patterns on dotted module names, bottom layer first.
-LAYERS = [
-    ("foundation", ["tformer", "tformer._dtypes", "tformer._validate", "tformer.parallel",
-                    "tformer.atomic", "tformer.progress", "tformer.rss", "tformer.source",
-                    "tformer.gradcheck", "tformer._attention_checks"]),
-    ("kernels", ["tformer.kernels", "tformer.kernels.*"]),
-    ("fast kernels", ["tformer.fast", "tformer.fast.*"]),
-    ("functional", ["tformer.functional"]),
-    ("layers", ["tformer.layers"]),
-    ("attention and blocks", ["tformer.attention", "tformer.modern_layers", "tformer.blocks",
-                              "tformer.lora"]),
-    ("how blocks run", ["tformer.scaling", "tformer.scaling.recompute",
-                        "tformer.scaling.batch_threads"]),
-    ("models", ["tformer.models", "tformer.models.*"]),
-    ("training", ["tformer.schedules", "tformer.optim", "tformer.muon", "tformer.runlog",
-                  "tformer.checkpoint", "tformer.train", "tformer.lora_file", "tformer.dpo"]),
-    ("scaling", ["tformer.scaling.precision", "tformer.scaling.quantize", "tformer.scaling.zero",
-                 "tformer.scaling.mpi", "tformer.scaling.step_memory"]),
-    ("using a model", ["tformer.kv_cache", "tformer.samplers", "tformer.generate",
-                       "tformer.speculative", "tformer.beam", "tformer.bpe",
-                       "tformer.bpe_*"]),
-    ("data", ["tformer.data", "tformer.data.*"]),
-    ("tuning", ["tformer.tune"]),
-    ("commands", ["tformer.runs", "tformer.runs.*"]),
-    ("experiments and bench", ["tformer.experiments", "tformer.experiments.*", "tformer.bench",
-                               "tformer.bench.*"]),
-    ("entry point", ["tformer.__main__"]),
-]
+# The folders, bottom first: (name, module patterns). fnmatch patterns on dotted module names.
+FOLDERS = ["core", "kernels", "fast", "nn", "models", "training", "decoding", "data", "tuning",
+           "runs", "bench", "experiments"]
+LAYERS = ([("core", ["tformer", "tformer.core", "tformer.core.*"])]
+          + [(f, [f"tformer.{f}", f"tformer.{f}.*"]) for f in FOLDERS[1:]]
+          + [("entry point", ["tformer.__main__"])])
 
 
 def layer_of(module, layers=LAYERS):
@@ -164,3 +150,29 @@ def upward(graph, layers=LAYERS):
           for m in sorted(graph) for t in sorted(graph[m])
           if m not in unplaced and t not in unplaced and layer_of(t, layers) > layer_of(m, layers)]
     return up, unplaced
+
+
+def _first_paragraph(path):
+    """The first paragraph of the docstring of the file at ``path``, on one line."""
+    with open(path, encoding="utf-8") as f:
+        doc = ast.get_docstring(ast.parse(f.read(), path)) or ""
+    return " ".join(doc.split("\n\n")[0].split())
+
+
+def package_map(root, width=100):
+    """The package map, bottom to top: per folder of ``FOLDERS`` (its path under ``root``, the
+    package's folder), what it holds (its ``__init__.py``'s first paragraph) and its modules, as
+    the fenced block README.md shows."""
+    import textwrap
+    lines = []
+    for folder in FOLDERS:
+        where = os.path.join(root, folder)
+        names = sorted(n[:-3] for n in os.listdir(where)
+                       if n.endswith(".py") and n != "__init__.py")
+        what = _first_paragraph(os.path.join(where, "__init__.py")).replace("``", "`")
+        lines += textwrap.wrap(what, width, initial_indent=f"tformer/{folder}/".ljust(22),
+                               subsequent_indent=" " * 22)
+        lines += textwrap.wrap("modules: " + ", ".join(names), width,
+                               initial_indent=" " * 22, subsequent_indent=" " * 31)
+    lines.append("tformer/__main__.py".ljust(22) + "python -m tformer: every command, registered")
+    return "\n".join(lines)

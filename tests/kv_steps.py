@@ -1,6 +1,6 @@
-"""Decoding a sequence step by step through ``tformer.kv_cache``, for the tests that compare it
+"""Decoding a sequence step by step through ``tformer.decoding.kv_cache``, for the tests that compare it
 with the model's own forward pass."""
-from tformer import kv_cache
+from tformer.decoding import kv_cache
 
 
 def cached_logits(model, seq, prefill, lean=True):

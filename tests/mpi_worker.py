@@ -11,12 +11,12 @@ import sys
 
 import numpy as np
 
-from tformer import functional as F
-from tformer.checkpoint import load_checkpoint
-from tformer.scaling.mpi import DataParallel, RankError, get_world, local_slice, run_command
+from tformer.nn import functional as F
+from tformer.training.checkpoint import load_checkpoint
+from tformer.training.mpi import DataParallel, RankError, get_world, local_slice, run_command
 from tformer.models.tinygpt import TinyGPT
-from tformer.optim import AdamW
-from tformer.train import NonFiniteLossError, train
+from tformer.training.optim import AdamW
+from tformer.training.train import NonFiniteLossError, train
 
 T = 8
 

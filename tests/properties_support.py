@@ -14,7 +14,7 @@ import numpy as np
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from tformer.gradcheck import check_kernel  # noqa: F401  (re-exported for the tests)
+from tformer.core.gradcheck import check_kernel  # noqa: F401  (re-exported for the tests)
 
 EXAMPLES = int(os.environ.get("TFORMER_HYPOTHESIS_EXAMPLES", "20"))
 PROFILE = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,

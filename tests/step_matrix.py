@@ -2,7 +2,7 @@
 shared by tests/test_step_matrix.py (threads, in process) and run by it under ``mpiexec -n 2``.
 
 One *case* is a configuration (model keywords and ``train`` keywords) and a precision. ``step_grads``
-trains a small TinyGPT for ``STEPS`` steps through ``tformer.train.train`` with ``Recorder`` as its
+trains a small TinyGPT for ``STEPS`` steps through ``tformer.training.train.train`` with ``Recorder`` as its
 optimizer: at each step it keeps a copy of the flat gradient it is handed (after the loss scale is
 divided out, after clipping: what an optimizer would apply) and then moves the parameters to fixed
 weights W_k that do not depend on the gradient. So every thread count and world size computes its
@@ -17,12 +17,12 @@ import sys
 
 import numpy as np
 
-from tformer import functional as F
-from tformer.scaling import batch_threads
-from tformer.scaling.mpi import DataParallel, get_world, local_slice, run_command
+from tformer.nn import functional as F
+from tformer.training import batch_threads
+from tformer.training.mpi import DataParallel, get_world, local_slice, run_command
 from tformer.models.tinygpt import TinyGPT
-from tformer.scaling.precision import MixedPrecision
-from tformer.train import train
+from tformer.training.precision import MixedPrecision
+from tformer.training.train import train
 
 STEPS = 3
 B, T, V = 6, 16, 64                 # B cuts into 2 and 3 thread parts and 2 rank slices

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tformer.__main__ import main as cli
-from tformer.modern_layers import swiglu_hidden
+from tformer.nn.modern_layers import swiglu_hidden
 from tformer.experiments import ablate
 
 TINY = ["--d-model", "16", "--n-heads", "4", "--n-layers", "1", "--max-len", "16", "--batch-size", "4",

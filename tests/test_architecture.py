@@ -46,7 +46,7 @@ def test_every_system_is_drawn_with_the_wiring_its_model_has():
     k = kinds["tinygpt"]
     assert all(k[i + 1] == "norm" for i, x in enumerate(k) if x == "skip")
     assert k[-5:-1] == ["end", "norm", "out", "io"]             # final LayerNorm, LM head
-    from tformer.blocks import PostNormBlock, PreNormBlock
+    from tformer.nn.blocks import PostNormBlock, PreNormBlock
     from tformer.models import Encoder, TinyGPT, Transformer
     assert all(isinstance(b, PostNormBlock) for b in Encoder(d_model=8, n_heads=2, d_ff=8).blocks)
     assert all(isinstance(b, PostNormBlock) for b in Transformer(11, 8, 2, 2, 8).blocks)

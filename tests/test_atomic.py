@@ -1,10 +1,10 @@
-"""tformer.atomic: a file is replaced whole or not at all."""
+"""tformer.core.atomic: a file is replaced whole or not at all."""
 import json
 import os
 
 import pytest
 
-from tformer.atomic import atomic_open, write_json
+from tformer.core.atomic import atomic_open, write_json
 
 
 def test_write_json_creates_the_folder_and_replaces_the_file(tmp_path):
@@ -48,7 +48,7 @@ def _gone_pid():
 
 
 def test_a_write_removes_its_targets_temporaries_left_by_a_killed_writer_only(tmp_path):
-    from tformer.atomic import _host
+    from tformer.core.atomic import _host
     host = _host()
     dead = _temporary(tmp_path, "ck.npz", host, _gone_pid())
     live = _temporary(tmp_path, "ck.npz", host, os.getppid())        # a writer that still runs
@@ -63,7 +63,7 @@ def test_a_write_removes_its_targets_temporaries_left_by_a_killed_writer_only(tm
 
 
 def test_the_folder_is_synced_after_the_rename(tmp_path, monkeypatch):
-    import tformer.atomic as atomic
+    import tformer.core.atomic as atomic
     events = []
     real_replace, real_fsync_folder = os.replace, atomic.fsync_folder
     monkeypatch.setattr(atomic.os, "replace", lambda a, b: (events.append("replace"),
@@ -76,7 +76,7 @@ def test_the_folder_is_synced_after_the_rename(tmp_path, monkeypatch):
 
 def test_jsonable_turns_numpy_numbers_and_non_finite_floats_into_json():
     import numpy as np
-    from tformer.atomic import jsonable
+    from tformer.core.atomic import jsonable
     out = jsonable({1: (np.float32(0.5), np.int64(3), float("nan"), -np.inf), "x": [np.nan]})
     assert out == {"1": [0.5, 3, None, None], "x": [None]}
     assert type(out["1"][1]) is int and json.dumps(out, allow_nan=False)

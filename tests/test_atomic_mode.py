@@ -1,11 +1,11 @@
-"""tformer.atomic: a replaced file keeps its mode, a failed write names the file and keeps the old
+"""tformer.core.atomic: a replaced file keeps its mode, a failed write names the file and keeps the old
 one, and ``unwritable`` says why a path cannot be written before anything is."""
 import errno
 import os
 
 import pytest
 
-from tformer.atomic import WriteError, atomic_open, unwritable, write_json
+from tformer.core.atomic import WriteError, atomic_open, unwritable, write_json
 
 
 @pytest.mark.parametrize("mode", [0o644, 0o600, 0o664])

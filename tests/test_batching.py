@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from tformer import functional as F
+from tformer.nn import functional as F
 from tformer.data.batching import (BucketedTask, BucketSampler, bucket, check_budget,
                                    pad_sequences, padding_share)
 from tformer.data.sequences import PAD, SequenceTask

@@ -10,12 +10,12 @@ import time
 import numpy as np
 import pytest
 
-from tformer import functional as F
-from tformer.attention import MultiHeadAttention
-from tformer.gradcheck import check_module, rel_error
+from tformer.nn import functional as F
+from tformer.nn.attention import MultiHeadAttention
+from tformer.core.gradcheck import check_module, rel_error
 from tformer.fast.softmax import _softmax_inplace
 from tformer.models.tinygpt import TinyGPT
-from tformer.optim import Adam, AdamW
+from tformer.training.optim import Adam, AdamW
 
 
 def _load(name):
@@ -121,7 +121,8 @@ def test_profile_groups_the_untimed_rest_apart_from_the_layers_glue():
 
 def test_profile_covers_the_step_and_restores_every_patched_function():
     prof = _load("op_profile")
-    from tformer import attention, layers, optim
+    from tformer.nn import attention, layers
+    from tformer.training import optim
     before = (F.linear_forward, attention.MultiHeadAttention.backward, layers.Linear.forward,
               optim.Optimizer.step)
     model, x, y = _tiny_gpt(dtype=np.float32)
@@ -138,7 +139,8 @@ def test_profile_covers_the_step_and_restores_every_patched_function():
 
 
 def after_is(before):
-    from tformer import attention, layers, optim
+    from tformer.nn import attention, layers
+    from tformer.training import optim
     return before == (F.linear_forward, attention.MultiHeadAttention.backward, layers.Linear.forward,
                       optim.Optimizer.step)
 
@@ -296,7 +298,7 @@ def test_the_default_output_is_one_file_per_cpu_vendor():
 def test_torch_twin_kv_cache_decoding_matches_tinygpt_float64():
     torch = pytest.importorskip("torch")
     gen, tg = _load("generation"), _load("torch_gpt")
-    from tformer.generate import greedy
+    from tformer.decoding.generate import greedy
     model = TinyGPT(d_model=16, n_heads=4, n_layers=2, max_len=24, vocab_size=11, seed=5, dtype=np.float64)
     tm = tg.from_tinygpt(model).eval()
     prompt = np.random.default_rng(0).integers(0, 11, (3, 4))

@@ -1,4 +1,4 @@
-"""tformer.bpe: round trip, incremental counting = naive recount, the HF tokenizers reference,
+"""tformer.data.bpe: round trip, incremental counting = naive recount, the HF tokenizers reference,
 errors, save/load; tformer.data.tokens: bits per byte; the bpe-compare command."""
 import json
 import math
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tformer import bpe
-from tformer.bpe import BPETokenizer
+from tformer.data import bpe
+from tformer.data.bpe import BPETokenizer
 from tformer.data.text import TextData, stdlib_documents
 from tformer.data.tokens import TokenData, nats_to_bits_per_byte
 
@@ -212,7 +212,7 @@ def test_load_refuses_another_file(tmp_path):
 @pytest.fixture(scope="module")
 def reference():
     pytest.importorskip("tokenizers")
-    from tformer import bpe_reference
+    from tformer.data import bpe_reference
     return bpe_reference
 
 

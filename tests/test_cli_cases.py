@@ -284,8 +284,8 @@ def test_a_draft_of_another_tokenizer_is_refused(work):
     other tokens."""
     import json
 
-    from tformer.bpe import BPETokenizer
-    from tformer.checkpoint import read_npz, write_npz
+    from tformer.data.bpe import BPETokenizer
+    from tformer.training.checkpoint import read_npz, write_npz
     from tformer.runs.files import tokenizer_record
     meta, arrays = read_npz(os.path.join(work, "bpe.npz"))
     other = BPETokenizer.load(os.path.join(work, "other.tokenizer.json"))
@@ -317,11 +317,11 @@ def test_generate_samples_with_min_p_and_a_draft(work):
 
 
 def test_a_full_disk_keeps_the_old_checkpoint_and_says_so(work, monkeypatch):
-    import tformer.atomic
+    import tformer.core.atomic
 
     def full(fd):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    monkeypatch.setattr(tformer.atomic.os, "fsync", full)
+    monkeypatch.setattr(tformer.core.atomic.os, "fsync", full)
     last = refused([*RUN, *T, "--checkpoint", "base.npz"], work,
                    ["--checkpoint: 'base.npz' could not be written (No space left on device); "
                     "the old file is kept"])
@@ -377,7 +377,7 @@ def test_a_config_that_claims_more_than_its_arrays_is_refused_before_a_model_is_
     import json
     import time
 
-    from tformer.checkpoint import read_npz, write_npz
+    from tformer.training.checkpoint import read_npz, write_npz
     meta, arrays = read_npz(os.path.join(work, "base.npz"))
     for name, change in (("layers.npz", {"n_layers": 200_000}), ("wide.npz", {"d_ff": 10 ** 9})):
         bad = dict(meta, config=dict(meta["config"], **change))

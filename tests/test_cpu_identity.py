@@ -1,6 +1,6 @@
-"""tformer.experiments.cpu: the vendor, family, model, microarchitecture and vector width that every
+"""tformer.core.cpu: the vendor, family, model, microarchitecture and vector width that every
 result file records, read from /proc/cpuinfo text."""
-from tformer.experiments import cpu, provenance
+from tformer.core import cpu, provenance
 
 INTEL = """processor\t: 0
 vendor_id\t: GenuineIntel

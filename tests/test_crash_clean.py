@@ -1,6 +1,6 @@
 """Crash-clean checkpoints: a run SIGKILLed at random moments and resumed each time leaves no
 temporary file and ends with the same checkpoint, array for array and bit for bit, as a run that
-was never interrupted (``tformer.atomic``, ``--resume``)."""
+was never interrupted (``tformer.core.atomic``, ``--resume``)."""
 import os
 import signal
 import subprocess
@@ -10,8 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from tformer.atomic import _host
-from tformer.checkpoint import read_checkpoint
+from tformer.core.atomic import _host
+from tformer.training.checkpoint import read_checkpoint
 
 KILLS = 30
 ENV = dict(os.environ, TFORMER_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", TFORMER_PROGRESS="0",

@@ -107,7 +107,7 @@ def test_the_runner_refuses_each_kind_of_bad_file(tmp_path):
 
 
 def test_a_write_through_a_symlink_keeps_the_link(tmp_path):
-    from tformer.atomic import write_json
+    from tformer.core.atomic import write_json
     target, link = tmp_path / "t.json", tmp_path / "link.json"
     target.write_text("{}")
     os.symlink(target.name, link)

@@ -1,16 +1,17 @@
-"""Decoding with a KV cache (tformer.kv_cache): every layer type decodes as its own forward pass
+"""Decoding with a KV cache (tformer.decoding.kv_cache): every layer type decodes as its own forward pass
 computes (float, int8 weights, int8 weights and activations, LoRA), and the lean one-token step
 (tformer.fast.decode) gives the bits of the general path, is taken only where it applies, and
 raises the same errors."""
 import numpy as np
 import pytest
 
-from tformer import kv_cache, parallel
-from tformer.generate import greedy
+from tformer.decoding import kv_cache
+from tformer.core import parallel
+from tformer.decoding.generate import greedy
 from tformer.fast import decode
-from tformer.lora import apply_lora
+from tformer.nn.lora import apply_lora
 from tformer.models.tinygpt import TinyGPT
-from tformer.scaling.quantize import quantize_model
+from tformer.decoding.quantize import quantize_model
 
 from kv_steps import cached_logits
 

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import sympy as sp
 
-from tformer.bpe import BPETokenizer
+from tformer.data.bpe import BPETokenizer
 from tformer.data.tokens import TokenData
 from tformer.experiments import decoding as D
 from tformer.experiments.scaling_corpus import Corpus
 from tformer.models.tinygpt import TinyGPT
-from tformer.samplers import probabilities
-from tformer.scaling.quantize import quantize_model
+from tformer.decoding.samplers import probabilities
+from tformer.decoding.quantize import quantize_model
 
 TEXT = ("FIRST CITIZEN:\nBefore we proceed any further, hear me speak.\n\nALL:\nSpeak, speak.\n\n"
         "FIRST CITIZEN:\nYou are all resolved rather to die than to famish?\n\n") * 12

@@ -1,4 +1,4 @@
-"""tformer.scaling.mpi: p processes under mpiexec train the model one process trains with the global batch.
+"""tformer.training.mpi: p processes under mpiexec train the model one process trains with the global batch.
 
 The MPI tests launch ``mpiexec -n 2`` (MPICH from the pinned ``mpich`` wheel, in .venv/bin) on
 tests/mpi_worker.py or on ``python -m tformer run tinygpt``, each bounded by a timeout, so a hang
@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tformer.checkpoint import read_checkpoint, save_checkpoint
-from tformer.scaling.mpi import (DataParallel, RankError, World, check_global_batch, find_mpiexec,
+from tformer.training.checkpoint import read_checkpoint, save_checkpoint
+from tformer.training.mpi import (DataParallel, RankError, World, check_global_batch, find_mpiexec,
                                  launch, launched_by_mpi, local_slice, shard_bounds)
 from tformer.models.tinygpt import TinyGPT
 from tformer.models.transformer import Transformer

@@ -1,4 +1,4 @@
-"""The DPO loss (tformer.dpo), checked the book's three ways and against Hugging Face TRL.
+"""The DPO loss (tformer.tuning.dpo), checked the book's three ways and against Hugging Face TRL.
 
 (a) SymPy: on three responses the maximiser of E_π[r] − β KL(π ‖ π_ref) over the simplex is
     π_ref e^{r/β} / Z (Lagrange stationarity, solved; a maximum: J is strictly concave, and
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import sympy as sp
 
-from tformer.dpo import dpo_backward, dpo_forward, dpo_loss, sequence_logp
-from tformer.gradcheck import check_kernel, rel_error
+from tformer.tuning.dpo import dpo_backward, dpo_forward, dpo_loss, sequence_logp
+from tformer.core.gradcheck import check_kernel, rel_error
 
 
 def pairs(seed=0, B=3, T_w=6, T_l=5, V=7, dtype=np.float64, beta=0.7):

@@ -18,8 +18,8 @@ import zipfile
 import numpy as np
 import pytest
 
-from tformer import beam, generate
-from tformer.checkpoint import load_checkpoint, save_checkpoint
+from tformer.decoding import beam, generate
+from tformer.training.checkpoint import load_checkpoint, save_checkpoint
 from tformer.models.tinygpt import TinyGPT
 
 

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from fast_equal_pointwise import assert_equal_to_kernel, threads  # noqa: F401
 
-from tformer import functional as F
+from tformer.nn import functional as F
 from tformer.fast import attention as fast
 from tformer.fast.softmax import _softmax_shifted_inplace
-from tformer.gradcheck import check_kernel
+from tformer.core.gradcheck import check_kernel
 from tformer.kernels import attention as ref
 
 def _qkv(B, H, H_kv, T, T_k, D, dtype, seed):

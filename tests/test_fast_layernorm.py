@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from fast_equal_pointwise import assert_equal_to_kernel, threads  # noqa: F401
 
-import tformer.functional as F
+import tformer.nn.functional as F
 from tformer.fast import layernorm as fast
-from tformer.gradcheck import check_kernel
+from tformer.core.gradcheck import check_kernel
 from tformer.kernels import layernorm as kern
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from fast_equal_pointwise import TOL, assert_equal_to_kernel, threads  # noqa: F401
 
-from tformer import functional as F
+from tformer.nn import functional as F
 from tformer.fast import losses as fast
 from tformer.kernels import losses as kern
 

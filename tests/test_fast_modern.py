@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from fast_equal_pointwise import assert_equal_to_kernel, threads  # noqa: F401
 
-import tformer.functional as F
-from tformer._dtypes import bfloat16, float16
+import tformer.nn.functional as F
+from tformer.core.dtypes import bfloat16, float16
 from tformer.fast import rmsnorm as fast_rms
 from tformer.fast import rope as fast_rope
 from tformer.fast import swiglu as fast_swiglu

@@ -4,7 +4,7 @@ what ``step()`` runs on contiguous parameters) bit for bit, in float32 and float
 import numpy as np
 import pytest
 
-from tformer.optim import SGD, Adam, AdamW
+from tformer.training.optim import SGD, Adam, AdamW
 
 CONFIGS = [
     (SGD, {"lr": 0.1}), (SGD, {"lr": 0.1, "momentum": 0.9}), (SGD, {"lr": 0.1, "weight_decay": 0.01}),

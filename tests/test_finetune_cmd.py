@@ -24,11 +24,11 @@ def _pairs_text(rows):
 
 
 def _fixtures(folder):
-    from tformer.bpe import BPETokenizer
-    from tformer.checkpoint import save_checkpoint
+    from tformer.data.bpe import BPETokenizer
+    from tformer.training.checkpoint import save_checkpoint
     from tformer.models.tinygpt import TinyGPT
     from tformer.runs.files import tokenizer_record
-    from tformer.scaling.quantize import quantize_model, save_quantized
+    from tformer.decoding.quantize import quantize_model, save_quantized
     os.makedirs(folder)
     os.chdir(folder)
     save_checkpoint("base.npz", TinyGPT(vocab_size=256, **TINY), extra={"tokenizer": None})
@@ -83,7 +83,7 @@ def refused(argv, work, *parts):
 
 
 def _meta(path):
-    from tformer.checkpoint import read_checkpoint
+    from tformer.training.checkpoint import read_checkpoint
     return read_checkpoint(path)[0]
 
 
@@ -294,11 +294,11 @@ def test_a_huge_batch_is_the_whole_file(work):
 def test_a_full_disk_writes_nothing_and_says_so(work, monkeypatch):
     import errno
 
-    import tformer.atomic
+    import tformer.core.atomic
 
     def full(fd):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    monkeypatch.setattr(tformer.atomic.os, "fsync", full)
+    monkeypatch.setattr(tformer.core.atomic.os, "fsync", full)
     before = cli_hostile.snapshot(work)
     code, _, err = cli_hostile.run([*RUN, "--dpo", "pairs.jsonl", "--checkpoint", "base.npz",
                                     "--out", "t.npz", "--steps", "2"], work)

@@ -1,7 +1,7 @@
 """The online-softmax attention kernel (chapter 24) against the plain kernel, finite differences and
 its memory claim; the modules and models that select it with ``attention="flash"``.
 
-"Equal" is the normwise relative error of ``tformer.gradcheck.rel_error`` (max |a − b| / max |b|)
+"Equal" is the normwise relative error of ``tformer.core.gradcheck.rel_error`` (max |a − b| / max |b|)
 of y and of every gradient, in float64, below 1e-12. PyTorch parity is in
 ``test_torch_parity_flash.py``.
 """
@@ -12,12 +12,12 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from tformer import functional as F
-from tformer import parallel
+from tformer.nn import functional as F
+from tformer.core import parallel
 from tformer.__main__ import main as cli
-from tformer.attention import MultiHeadAttention
-from tformer.checkpoint import read_checkpoint
-from tformer.gradcheck import check_kernel, check_module, rel_error
+from tformer.nn.attention import MultiHeadAttention
+from tformer.training.checkpoint import read_checkpoint
+from tformer.core.gradcheck import check_kernel, check_module, rel_error
 from tformer.fast import flash_attention as fa
 from tformer.models.tinygpt import TinyGPT
 from tformer.models.transformer import Transformer
@@ -226,7 +226,7 @@ def test_float16_and_bfloat16_compute_their_tiles_in_float32(dt, H_kv):
     """Mixed precision: the same inputs, rounded to the low format, against the float32 kernel on
     their exact float32 values. The claim of ``tests/test_precision.py`` for every kernel (a few
     units of the format's roundoff u) holds; y and the gradients come back in the low format."""
-    from tformer._dtypes import bfloat16, float16
+    from tformer.core.dtypes import bfloat16, float16
     low = {"float16": float16, "bfloat16": bfloat16}[dt]
     u = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}[dt]
     q, k, v = (a.astype(low) for a in qkv(B=2, H=2, T=70, H_kv=H_kv, D=8, D_v=6, seed=85))
@@ -245,9 +245,9 @@ def test_float16_and_bfloat16_compute_their_tiles_in_float32(dt, H_kv):
 def test_tinygpt_with_flash_trains_in_low_precision(precision):
     """One SGD step of TinyGPT(attention="flash") in fp16 (with loss scaling) or bf16 against the
     same step in float32: ``tests/test_precision.py``'s tolerance for the modern block."""
-    from tformer.optim import SGD
-    from tformer.scaling.precision import MixedPrecision
-    from tformer.train import train
+    from tformer.training.optim import SGD
+    from tformer.training.precision import MixedPrecision
+    from tformer.training.train import train
 
     def batch(i):
         w = np.random.default_rng([7, i]).integers(0, 256, (4, 9))
@@ -405,7 +405,7 @@ def test_multi_head_attention_with_flash_equals_plain(kw, with_mask):
 
 def assert_same_gradients(plain, flash, tol):
     """Every parameter gradient equal to ``tol``, each array's scale floored at 1e-2 of the largest
-    gradient (as in ``tformer.gradcheck``): the key bias's gradient is zero in exact arithmetic
+    gradient (as in ``tformer.core.gradcheck``): the key bias's gradient is zero in exact arithmetic
     (softmax ignores a shift shared by all keys), so both kernels return only round-off there."""
     floor = 1e-2 * max(np.abs(g).max() for _, _, g in plain.named_parameters())
     for (name, _, g_p), (_, _, g_f) in zip(plain.named_parameters(), flash.named_parameters()):

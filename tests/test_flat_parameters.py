@@ -2,10 +2,10 @@
 import numpy as np
 import pytest
 
-from tformer import functional as F
-from tformer.layers import FeedForward, Linear, Module
+from tformer.nn import functional as F
+from tformer.nn.layers import FeedForward, Linear, Module
 from tformer.models.tinygpt import TinyGPT
-from tformer.optim import SGD, Adam, AdamW
+from tformer.training.optim import SGD, Adam, AdamW
 
 
 def _step(model, opt, seed=0):

@@ -15,18 +15,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tformer import functional as F
-from tformer import layers, parallel
-from tformer.checkpoint import load_checkpoint, read_checkpoint
+from tformer.nn import functional as F
+from tformer.nn import layers
+from tformer.core import parallel
+from tformer.training.checkpoint import load_checkpoint, read_checkpoint
 from tformer.fast import linear as fast_linear
-from tformer.layers import Linear
-from tformer.lora import Adapters, LoRALinear, apply_lora
+from tformer.nn.layers import Linear
+from tformer.nn.lora import Adapters, LoRALinear, apply_lora
 from tformer.models.tinygpt import TinyGPT
-from tformer.optim import AdamW, clip_grad_norm
-from tformer.scaling import batch_threads
-from tformer.scaling.mpi import find_mpiexec, launch
-from tformer.scaling.precision import MixedPrecision
-from tformer.train import train
+from tformer.training.optim import AdamW, clip_grad_norm
+from tformer.training import batch_threads
+from tformer.training.mpi import find_mpiexec, launch
+from tformer.training.precision import MixedPrecision
+from tformer.training.train import train
 
 SHAPE = dict(d_model=16, n_heads=2, n_layers=2, max_len=8, vocab_size=64)
 # Embeddings (W_pe's gradient TinyGPT's backward adds itself), a whole block, one projection, the head.

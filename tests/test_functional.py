@@ -3,8 +3,8 @@ A kernel family with a file of its own holds its checks there (LayerNorm: tests/
 import numpy as np
 import pytest
 
-import tformer.functional as F
-from tformer.gradcheck import check_kernel
+import tformer.nn.functional as F
+from tformer.core.gradcheck import check_kernel
 
 TOL = 1e-7
 

@@ -1,6 +1,8 @@
 """No import circles and no upward imports in ``tformer``: the layers of ``tests/import_layers.py``,
 checked on the real package, and the checker shown failing on a planted circle and a planted
 upward import."""
+import os
+import sys
 import textwrap
 
 import import_layers as il
@@ -25,11 +27,34 @@ def test_tformer_imports_only_from_its_own_layer_or_below_and_every_module_has_a
 def test_the_layers_name_every_pattern_once_and_the_bottom_is_the_foundation():
     patterns = [p for _, ps in il.LAYERS for p in ps]
     assert len(patterns) == len(set(patterns))
-    assert il.layer_of("tformer.kernels.softmax") < il.layer_of("tformer.functional") \
-        < il.layer_of("tformer.models.tinygpt") < il.layer_of("tformer.train") \
-        < il.layer_of("tformer.scaling.quantize") < il.layer_of("tformer.generate") \
+    assert il.layer_of("tformer.kernels.softmax") < il.layer_of("tformer.nn.functional") \
+        < il.layer_of("tformer.models.tinygpt") < il.layer_of("tformer.training.train") \
+        < il.layer_of("tformer.decoding.generate") \
         < il.layer_of("tformer.data.text") < il.layer_of("tformer.runs.tinygpt") \
         < il.layer_of("tformer.experiments.ablate") < il.layer_of("tformer.__main__")
+
+
+def test_the_folders_are_the_layers_and_the_top_level_holds_at_most_ten_modules():
+    root = _package_root()
+    top = sorted(n for n in os.listdir(root) if n.endswith(".py"))
+    folders = sorted(n for n in os.listdir(root)
+                     if os.path.isfile(os.path.join(root, n, "__init__.py")))
+    print(f"top-level modules: {len(top)} {top}; folders: {len(folders)}")
+    assert len(top) <= 10, top
+    assert folders == sorted(il.FOLDERS), (folders, il.FOLDERS)
+    assert [name for name, _ in il.LAYERS] == il.FOLDERS + ["entry point"]
+
+
+def test_readme_shows_the_package_map_that_the_layers_and_folders_make():
+    sys.path.insert(0, os.path.join(os.path.dirname(_package_root()), "tools"))
+    try:
+        import package_map
+    finally:
+        sys.path.pop(0)
+    with open(os.path.join(os.path.dirname(_package_root()), "README.md"), encoding="utf-8") as f:
+        shown = package_map.readme_block(f.read())
+    assert shown == il.package_map(_package_root()), \
+        "README's package map is stale: python tools/package_map.py --write"
 
 
 def _write(root, files):

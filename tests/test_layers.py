@@ -5,14 +5,14 @@ import os
 import numpy as np
 import pytest
 
-import tformer.functional as F
-from tformer.attention import MultiHeadAttention
-from tformer.blocks import PostNormBlock, PreNormBlock, ResidualBlock
-from tformer.checkpoint import load_checkpoint, save_checkpoint
-from tformer.gradcheck import check_kernel, check_module
-from tformer.layers import Embedding, FeedForward, LayerNorm, Linear, Module, SinusoidalPositions
-from tformer.optim import AdamW
-from tformer.train import NonFiniteLossError, train
+import tformer.nn.functional as F
+from tformer.nn.attention import MultiHeadAttention
+from tformer.nn.blocks import PostNormBlock, PreNormBlock, ResidualBlock
+from tformer.training.checkpoint import load_checkpoint, save_checkpoint
+from tformer.core.gradcheck import check_kernel, check_module
+from tformer.nn.layers import Embedding, FeedForward, LayerNorm, Linear, Module, SinusoidalPositions
+from tformer.training.optim import AdamW
+from tformer.training.train import NonFiniteLossError, train
 
 TOL = 1e-6
 f64 = np.float64

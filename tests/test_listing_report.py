@@ -4,7 +4,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from tformer.source import show_source
+from tformer.core.source import show_source
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,12 +56,12 @@ def test_code_lines_functions_and_features_of_a_known_listing():
 
 def test_a_synthetic_notebook(tmp_path):
     tool = _tool()
-    name = "tformer.source.show_source"
+    name = "tformer.core.source.show_source"
     shown = repr(show_source(name))
     lines = len(shown.splitlines())
     path = tmp_path / "03_example.ipynb"
     _notebook(path, [{"cell_type": "markdown", "source": "# An example\n\nText.", "metadata": {}},
-                     _code_cell(f"from tformer.source import show_source\nshow_source({name!r})",
+                     _code_cell(f"from tformer.core.source import show_source\nshow_source({name!r})",
                                 shown),
                      _code_cell(f"show_source(\n    {name!r},\n    {name!r},\n)", "stale text")])
     c = tool.chapter(path, limit=3)
@@ -70,10 +70,10 @@ def test_a_synthetic_notebook(tmp_path):
     assert c["lines"] == 3 * lines and c["largest_cell"] == 2 * lines
     code_lines = len(tool.code_mask(shown))
     assert c["code_lines"] == 3 * code_lines and 0 < code_lines < lines   # the docstring is out
-    assert c["longest"] == ("source.show_source", code_lines)
-    assert c["over_limit"] == [("source.show_source", code_lines)]
+    assert c["longest"] == ("core/source.show_source", code_lines)
+    assert c["over_limit"] == [("core/source.show_source", code_lines)]
     assert c["stale"] == [2]                           # the second cell's output is not the code
-    assert c["listings"][0]["file"] == "tformer/source.py"
+    assert c["listings"][0]["file"] == "tformer/core/source.py"
 
 
 def test_the_repository_every_chapter_and_its_listings(tmp_path):

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from tformer.checkpoint import read_checkpoint
+from tformer.training.checkpoint import read_checkpoint
 from tformer.data import words as W
 from tformer.experiments import long_run as LR
 from tformer.experiments import scaling_fit as sf

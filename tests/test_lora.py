@@ -1,20 +1,20 @@
-"""LoRA (tformer.lora, tformer.lora_file): the adapter's gradients three ways, training only the
+"""LoRA (tformer.nn.lora, tformer.training.lora_file): the adapter's gradients three ways, training only the
 adapters, merging, the adapter file and its refusal of another base model, and bad input."""
 import numpy as np
 import pytest
 
-from tformer import functional as F
-from tformer import parallel
-from tformer.scaling import batch_threads
-from tformer.gradcheck import check_module, numerical_grad
-from tformer.layers import Linear
-from tformer.lora import (Adapters, LoRALinear, apply_lora, fingerprint, merge_lora,
+from tformer.nn import functional as F
+from tformer.core import parallel
+from tformer.training import batch_threads
+from tformer.core.gradcheck import check_module, numerical_grad
+from tformer.nn.layers import Linear
+from tformer.nn.lora import (Adapters, LoRALinear, apply_lora, fingerprint, merge_lora,
                           resolve_targets)
-from tformer import kv_cache
-from tformer.lora_file import load_adapter, save_adapter
+from tformer.decoding import kv_cache
+from tformer.training.lora_file import load_adapter, save_adapter
 from tformer.models.tinygpt import TinyGPT
-from tformer.scaling.batch_threads import BatchCut
-from tformer.optim import AdamW, clip_grad_norm
+from tformer.training.batch_threads import BatchCut
+from tformer.training.optim import AdamW, clip_grad_norm
 
 
 def tiny(seed=0, dtype=np.float32):
@@ -139,7 +139,7 @@ def test_gradients_on_one_and_two_threads(threads):
     threads(1)
     one = adapter_grads(model, x, y)
     threads(2)
-    net = BatchCut(model)                                         # as tformer.train runs it
+    net = BatchCut(model)                                         # as tformer.training.train runs it
     net.forward(x)
     assert net.replicas.last is not None                          # the batch was cut
     two = adapter_grads(net, x, y)
@@ -205,7 +205,7 @@ def test_adapter_file_round_trip_and_another_base_refused(tmp_path):
 
 
 def test_a_checkpoint_is_not_an_adapter_file(tmp_path):
-    from tformer.checkpoint import save_checkpoint
+    from tformer.training.checkpoint import save_checkpoint
     path = save_checkpoint(tmp_path / "c.npz", tiny())
     with pytest.raises(ValueError, match="path: .* is not a LoRA adapter file"):
         load_adapter(path, tiny())
@@ -246,7 +246,7 @@ def test_the_fingerprint_of_the_adapters_view_is_the_base_models():
     """``fingerprint`` hashes the base weights whether it is handed the model or its ``Adapters``
     view (whose named_parameters yield A and B alone): an adapter file saved from the view
     names the base it was trained on."""
-    from tformer.lora import Adapters, apply_lora, fingerprint
+    from tformer.nn.lora import Adapters, apply_lora, fingerprint
     from tformer.models.tinygpt import TinyGPT
     model = TinyGPT(d_model=16, n_heads=2, n_layers=1, max_len=8, vocab_size=32, seed=0)
     before = fingerprint(model)

@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 
 from tformer.__main__ import main as cli
-from tformer.checkpoint import read_checkpoint
-from tformer.lora_file import read_adapter
+from tformer.training.checkpoint import read_checkpoint
+from tformer.training.lora_file import read_adapter
 from tformer.runs import tinygpt
 
 TINY = ["--d-model", "16", "--n-heads", "2", "--n-layers", "1", "--max-len", "16",

@@ -14,7 +14,7 @@ import pytest
 
 from tformer.__main__ import main as cli
 from tformer.experiments import many_processes
-from tformer.scaling.mpi import find_mpiexec
+from tformer.training.mpi import find_mpiexec
 
 TINY = dict(d_model=16, n_heads=2, n_layers=1)
 BOOK_FILE = Path(__file__).resolve().parents[1] / "book" / "data" / "many_processes.json"

@@ -1,7 +1,7 @@
 """The single attention layer (tformer/models/attention_layer.py) on the copy-the-max-row task.
 
 Oracles: the layer's forward and backward equations written out line by line in NumPy (float64),
-central finite differences (``tformer.gradcheck``), and the held-out metric of an untrained layer.
+central finite differences (``tformer.core.gradcheck``), and the held-out metric of an untrained layer.
 The task's data: tests/test_data_copy_max.py; the AdamW step it trains with: tests/test_optim.py.
 """
 import math
@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from model_symbols import data, grads_by_symbol, params_by_symbol, softmax_rows
 
-import tformer.functional as F
+import tformer.nn.functional as F
 from tformer.__main__ import main as cli_main
 from tformer.data import copy_max
-from tformer.gradcheck import check_module
+from tformer.core.gradcheck import check_module
 from tformer.models.attention_layer import SYMBOLS, AttentionLayer
 
 

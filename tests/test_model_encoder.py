@@ -14,15 +14,15 @@ import math
 import numpy as np
 import pytest
 
-from tformer import functional as F
+from tformer.nn import functional as F
 from tformer.__main__ import main as cli_main
-from tformer.blocks import PostNormBlock
+from tformer.nn.blocks import PostNormBlock
 from tformer.data.reconstruction import (ReconstructionData, forward_loss, mse, per_token_error,
                                          standardize_rows)
-from tformer.gradcheck import check_kernel, check_module
-from tformer.layers import SinusoidalPositions
+from tformer.core.gradcheck import check_kernel, check_module
+from tformer.nn.layers import SinusoidalPositions
 from tformer.models.encoder import Encoder
-from tformer.optim import Adam
+from tformer.training.optim import Adam
 from tformer.runs.encoder import HEADLINE_MSE, run
 
 

@@ -27,7 +27,7 @@ import re
 import numpy as np
 import pytest
 
-from tformer import beam, generate
+from tformer.decoding import beam, generate
 from tformer.__main__ import main as cli
 from tformer.models import AttentionLayer, Encoder, TinyGPT, Transformer, TwoLayerTransformer
 

@@ -5,17 +5,17 @@ import os
 import numpy as np
 import pytest
 
-from tformer import functional as F
+from tformer.nn import functional as F
 from tformer.__main__ import main as cli
-from tformer.checkpoint import load_checkpoint, save_checkpoint
+from tformer.training.checkpoint import load_checkpoint, save_checkpoint
 from tformer.data.text import (STDLIB_MODULES, TextData, bits_per_byte, decode, encode, evaluate_loss,
                                module_source, unigram_cross_entropy, unigram_entropy)
-from tformer.generate import greedy, sample, sample_from_logits, top_k_filter, top_p_filter
-from tformer.gradcheck import check_module
+from tformer.decoding.generate import greedy, sample, sample_from_logits, top_k_filter, top_p_filter
+from tformer.core.gradcheck import check_module
 from tformer.models.tinygpt import TinyGPT
 
 from kv_steps import cached_logits
-from tformer.optim import AdamW
+from tformer.training.optim import AdamW
 
 
 def tiny(n_heads=1, dtype=np.float64, seed=0, **kw):

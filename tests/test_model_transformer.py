@@ -11,15 +11,15 @@ import os
 import numpy as np
 import pytest
 
-from tformer import functional as F
-from tformer.beam import MarkovTable, beam_search, exhaustive_search, gnmt_penalty, sequence_scores
-from tformer.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
+from tformer.nn import functional as F
+from tformer.decoding.beam import MarkovTable, beam_search, exhaustive_search, gnmt_penalty, sequence_scores
+from tformer.training.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
 from tformer.data.sequences import BOS, EOS, PAD, SEP, SequenceTask
-from tformer.generate import greedy
-from tformer.gradcheck import check_module
+from tformer.decoding.generate import greedy
+from tformer.core.gradcheck import check_module
 from tformer.models.transformer import Transformer, parameter_count
-from tformer.optim import SGD, Adam, cosine_with_warmup
-from tformer.train import NonFiniteLossError, train
+from tformer.training.optim import SGD, Adam, cosine_with_warmup
+from tformer.training.train import NonFiniteLossError, train
 
 
 def tiny(dtype=np.float64, dropout=0.0, seed=0, **kw):

@@ -2,7 +2,7 @@
 residuals, no biases, no LayerNorm.
 
 Oracles: its forward pass and 36 backward lines written out in NumPy (float64), central finite
-differences (``tformer.gradcheck``), and PyTorch autograd in float64.
+differences (``tformer.core.gradcheck``), and PyTorch autograd in float64.
 """
 import math
 
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from model_symbols import data, grads_by_symbol, params_by_symbol, sigma, softmax_rows
 
-import tformer.functional as F
+import tformer.nn.functional as F
 from tformer.__main__ import main as cli_main
-from tformer.gradcheck import check_module
+from tformer.core.gradcheck import check_module
 from tformer.models.two_layer import SYMBOLS, TwoLayerTransformer
 
 

@@ -8,8 +8,8 @@ import tracemalloc
 import numpy as np
 import pytest
 
-import tformer.functional as F
-from tformer.gradcheck import check_kernel
+import tformer.nn.functional as F
+from tformer.core.gradcheck import check_kernel
 
 
 def randn(*shape, seed=0):

@@ -12,17 +12,17 @@ import os
 import numpy as np
 import pytest
 
-from tformer import functional as F
+from tformer.nn import functional as F
 from tformer.__main__ import main as cli
-from tformer.attention import MultiHeadAttention
-from tformer.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
-from tformer.generate import greedy
-from tformer.gradcheck import check_module
+from tformer.nn.attention import MultiHeadAttention
+from tformer.training.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
+from tformer.decoding.generate import greedy
+from tformer.core.gradcheck import check_module
 from tformer.models.tinygpt import TinyGPT
 
 from kv_steps import cached_logits
-from tformer.modern_layers import RMSNorm, SwiGLUFeedForward, TiedLinear, norm_layer, swiglu_hidden
-from tformer.optim import AdamW, clip_grad_norm
+from tformer.nn.modern_layers import RMSNorm, SwiGLUFeedForward, TiedLinear, norm_layer, swiglu_hidden
+from tformer.training.optim import AdamW, clip_grad_norm
 
 ALL_ON = dict(norm="rmsnorm", positions="rope", mlp="swiglu", n_kv_heads=2, tie_embeddings=True)
 

@@ -1,21 +1,21 @@
-"""Muon in tformer (``tformer.muon``): the Newton–Schulz step on singular values, the split of a
+"""Muon in tformer (``tformer.training.muon``): the Newton–Schulz step on singular values, the split of a
 model between Muon and AdamW, resuming bit for bit, threads, freezing and LoRA, ZeRO-1 refused,
 and bad input. PyTorch parity (every option, and a TinyGPT run beside its twin):
 tests/test_torch_parity_muon.py."""
 import numpy as np
 import pytest
 
-from tformer import functional as F
-from tformer import parallel
-from tformer.checkpoint import load_checkpoint, read_checkpoint
-from tformer.lora import Adapters, apply_lora
+from tformer.nn import functional as F
+from tformer.core import parallel
+from tformer.training.checkpoint import load_checkpoint, read_checkpoint
+from tformer.nn.lora import Adapters, apply_lora
 from tformer.models import AttentionLayer
 from tformer.models.tinygpt import TinyGPT
-from tformer.muon import (NS_COEFFICIENTS, Muon, MuonAdamW, ParameterGroup, adjust_lr,
+from tformer.training.muon import (NS_COEFFICIENTS, Muon, MuonAdamW, ParameterGroup, adjust_lr,
                           newton_schulz, split_parameters)
-from tformer.scaling import batch_threads
-from tformer.scaling.mpi import DataParallel, World
-from tformer.train import train
+from tformer.training import batch_threads
+from tformer.training.mpi import DataParallel, World
+from tformer.training.train import train
 
 SHAPE = dict(d_model=16, n_heads=2, n_layers=2, max_len=8, vocab_size=64)
 MUON = dict(lr=0.02, weight_decay=0.1)

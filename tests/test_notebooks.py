@@ -454,7 +454,7 @@ def _notebook(*sources):
     ["err = check_kernel(f, b, [x])\nerr"],                                        # the last value
     ["check_module(m, x)"],
     ["errs = {}\nerrs[k] = check_kernel(f, b, [x])", "errs[k] = 0.0\nprint(errs)"],  # stays measured
-    ["from tformer.gradcheck import check_kernel as ck\ne = ck(f, b, [x])\nprint('%.1e' % e)"],
+    ["from tformer.core.gradcheck import check_kernel as ck\ne = ck(f, b, [x])\nprint('%.1e' % e)"],
     ["t0 = time.perf_counter()\nrun()\nprint(f'{time.perf_counter() - t0:.2f} s')"],
     ["times = []\nfor _ in range(3):\n    times.append(timeit.timeit(run, number=1))\nprint(min(times))"],
     ["def cpu_time(fn):\n    t = time.thread_time()\n    fn()\n    return time.thread_time() - t",

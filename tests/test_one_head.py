@@ -7,9 +7,9 @@ that names ``tokens``.
 import numpy as np
 import pytest
 
-import tformer.functional as F
-from tformer.generate import sample
-from tformer.gradcheck import check_module
+import tformer.nn.functional as F
+from tformer.decoding.generate import sample
+from tformer.core.gradcheck import check_module
 from tformer.models import OneHeadLM
 
 V, C, T_MAX = 13, 8, 6

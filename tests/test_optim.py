@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from tformer.optim import SGD, Adam, AdamW, LRScheduler, clip_grad_norm, cosine_with_warmup, noam_lr
+from tformer.training.optim import SGD, Adam, AdamW, LRScheduler, clip_grad_norm, cosine_with_warmup, noam_lr
 
 
 class Params:

@@ -1,4 +1,4 @@
-"""tformer.parallel: results for every thread count and the pool's contract. (The causal attention
+"""tformer.core.parallel: results for every thread count and the pool's contract. (The causal attention
 path against the masked one: tests/test_fast_attention.py.)"""
 import os
 import subprocess
@@ -9,10 +9,10 @@ import time
 import numpy as np
 import pytest
 
-from tformer import functional as F
-from tformer import parallel
+from tformer.nn import functional as F
+from tformer.core import parallel
 from tformer.models.tinygpt import TinyGPT
-from tformer.optim import AdamW
+from tformer.training.optim import AdamW
 
 
 @pytest.fixture
@@ -163,7 +163,7 @@ def test_set_num_threads_rejects_bad_counts_and_limits_blas(threads):
 
 
 def test_env_var_limits_blas_even_when_tformer_is_imported_before_numpy():
-    code = ("import tformer.parallel as P; from threadpoolctl import threadpool_info; "
+    code = ("import tformer.core.parallel as P; from threadpoolctl import threadpool_info; "
             "print(P.get_num_threads(), [i['num_threads'] for i in threadpool_info() if i['user_api'] == 'blas'])")
     env = dict(os.environ, TFORMER_NUM_THREADS="2")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
@@ -277,7 +277,7 @@ def test_an_error_is_raised_only_after_every_part_has_finished(threads):
 def test_kv_cache_decoding_paths_equal_the_full_causal_pass(kw):
     """A prompt entering an empty cache takes the causal path; each later single token takes the
     unmasked one (it may see every cached key): both equal rows of one full causal pass."""
-    from tformer.attention import MultiHeadAttention
+    from tformer.nn.attention import MultiHeadAttention
     att = MultiHeadAttention(16, n_heads=4, causal=True, dtype=np.float64, seed=1, **kw)
     x = np.random.default_rng(6).standard_normal((2, 9, 16))
     full = att(x)

@@ -10,11 +10,11 @@ import os
 import numpy as np
 import pytest
 
-from tformer import functional as F
+from tformer.nn import functional as F
 from tformer.__main__ import main as cli
-from tformer.blocks import PostNormGPTBlock, PreNormBlock
-from tformer.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
-from tformer.gradcheck import check_module
+from tformer.nn.blocks import PostNormGPTBlock, PreNormBlock
+from tformer.training.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
+from tformer.core.gradcheck import check_module
 from tformer.models.tinygpt import TinyGPT
 
 from kv_steps import cached_logits

@@ -3,15 +3,15 @@ skipped steps, resumed runs, and bad input."""
 import numpy as np
 import pytest
 
-from tformer import functional as F
-from tformer._dtypes import bfloat16, finfo, float16, matmul
+from tformer.nn import functional as F
+from tformer.core.dtypes import bfloat16, finfo, float16, matmul
 from tformer.__main__ import main as cli
-from tformer.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
-from tformer.layers import Linear
+from tformer.training.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
+from tformer.nn.layers import Linear
 from tformer.models.tinygpt import TinyGPT
-from tformer.optim import SGD, AdamW
-from tformer.scaling.precision import DynamicLossScaler, MixedPrecision, precision_dtype, precision_policy
-from tformer.train import NonFiniteLossError, train
+from tformer.training.optim import SGD, AdamW
+from tformer.training.precision import DynamicLossScaler, MixedPrecision, precision_dtype, precision_policy
+from tformer.training.train import NonFiniteLossError, train
 
 LOW = [float16, bfloat16]
 EPS = {float16: 2.0 ** -11, bfloat16: 2.0 ** -8}      # unit roundoff: half an ulp of 1

@@ -1,4 +1,4 @@
-"""tformer.progress: a widget in a Jupyter kernel with ipywidgets, text elsewhere, off on request."""
+"""tformer.core.progress: a widget in a Jupyter kernel with ipywidgets, text elsewhere, off on request."""
 import sys
 import types
 from pathlib import Path
@@ -7,7 +7,7 @@ import pytest
 from tqdm import tqdm
 from tqdm.notebook import tqdm as notebook_tqdm
 
-from tformer.progress import in_widget_kernel, progress, progress_enabled
+from tformer.core.progress import in_widget_kernel, progress, progress_enabled
 
 
 def fake_ipython(monkeypatch, kernel):

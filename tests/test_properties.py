@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from properties_support import (FD_TOL, FEW, PROFILE, arrays, check_kernel, dtypes, finite,
                                 rand64, shapes)
 
-from tformer import functional as F
-from tformer.gradcheck import numerical_grad
+from tformer.nn import functional as F
+from tformer.core.gradcheck import numerical_grad
 
 ELEMENTWISE = {
     "relu": (F.relu_forward, F.relu_backward),

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from properties_support import (BOUND, FD_TOL, FEW, PROFILE, arrays, check_kernel, dtypes, finite,
                                 rand64, shapes)
 
-from tformer import functional as F
+from tformer.nn import functional as F
 
 KERNELS = {"plain": (F.attention_forward, F.attention_backward),
            "flash": (F.flash_attention_forward, F.flash_attention_backward)}

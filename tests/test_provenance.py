@@ -1,9 +1,9 @@
-"""tformer.experiments.provenance: the commit is the project's wherever the command starts; no commit, a reason."""
+"""tformer.core.provenance: the commit is the project's wherever the command starts; no commit, a reason."""
 import os
 import subprocess
 
 import tformer
-from tformer.experiments import provenance
+from tformer.core import provenance
 
 
 def test_the_commit_is_this_repositorys_from_any_folder(tmp_path, monkeypatch):

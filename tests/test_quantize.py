@@ -3,10 +3,10 @@ import numpy as np
 import pytest
 
 from tformer.__main__ import main as cli
-from tformer.checkpoint import load_checkpoint, read_checkpoint
-from tformer.layers import Embedding, Linear
+from tformer.training.checkpoint import load_checkpoint, read_checkpoint
+from tformer.nn.layers import Embedding, Linear
 from tformer.models.tinygpt import TinyGPT
-from tformer.scaling.quantize import (QuantizedEmbedding, QuantizedLinear, dequantize_tensor, int_matmul,
+from tformer.decoding.quantize import (QuantizedEmbedding, QuantizedLinear, dequantize_tensor, int_matmul,
                               load_model, load_quantized, quantize_model, quantize_rows, quantize_tensor,
                               save_quantized)
 
@@ -262,12 +262,12 @@ def test_a_corrupt_quantized_file_is_refused_and_the_model_untouched(how, tmp_pa
 
 
 def test_quantized_file_refuses_optimizer_and_precision(tmp_path):
-    from tformer.optim import AdamW
+    from tformer.training.optim import AdamW
     path = save_quantized(tmp_path / "q.npz", quantized_copy(tiny(), "w8"))
     m = tiny()
     with pytest.raises(ValueError, match="quantized checkpoint \\(inference only\\)"):
         load_checkpoint(path, m, AdamW(m))
-    with pytest.raises(ValueError, match="load it with tformer.scaling.quantize.load_model"):
+    with pytest.raises(ValueError, match="load it with tformer.decoding.quantize.load_model"):
         load_checkpoint(path, m)
     with pytest.raises(ValueError, match="not quantized"):
         save_quantized(tmp_path / "x.npz", tiny())

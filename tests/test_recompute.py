@@ -1,15 +1,15 @@
-"""Gradient checkpointing (tformer.scaling.recompute): the same gradients bit for bit, less kept memory."""
+"""Gradient checkpointing (tformer.nn.recompute): the same gradients bit for bit, less kept memory."""
 import numpy as np
 import pytest
 
-from tformer import functional as F
-from tformer.checkpoint import load_checkpoint, save_checkpoint
-from tformer.generate import greedy
+from tformer.nn import functional as F
+from tformer.training.checkpoint import load_checkpoint, save_checkpoint
+from tformer.decoding.generate import greedy
 from tformer.models.tinygpt import TinyGPT
 from tformer.models.transformer import Transformer
-from tformer.optim import AdamW
-from tformer.scaling.recompute import Recompute, check_checkpointing
-from tformer.train import train
+from tformer.training.optim import AdamW
+from tformer.nn.recompute import Recompute, check_checkpointing
+from tformer.training.train import train
 
 
 def _tinygpt(dtype, dropout, **kw):

@@ -1,17 +1,17 @@
-"""tformer.scaling.batch_threads: a TinyGPT training batch cut across threads (``BatchCut``, the
-wrapper ``tformer.train`` trains through) gives the whole batch's logits and gradients (float64 to 1e-12, float32 to rounding, finite differences, PyTorch), only where it
+"""tformer.training.batch_threads: a TinyGPT training batch cut across threads (``BatchCut``, the
+wrapper ``tformer.training.train`` trains through) gives the whole batch's logits and gradients (float64 to 1e-12, float32 to rounding, finite differences, PyTorch), only where it
 should, and deterministically."""
 import numpy as np
 import pytest
 
-from tformer import functional as F
-from tformer import parallel
-from tformer.scaling import batch_threads
-from tformer.gradcheck import numerical_grad, rel_error
+from tformer.nn import functional as F
+from tformer.core import parallel
+from tformer.training import batch_threads
+from tformer.core.gradcheck import numerical_grad, rel_error
 from tformer.models.tinygpt import TinyGPT
-from tformer.optim import AdamW
-from tformer.scaling.precision import MixedPrecision
-from tformer.train import train
+from tformer.training.optim import AdamW
+from tformer.training.precision import MixedPrecision
+from tformer.training.train import train
 
 
 @pytest.fixture
@@ -34,7 +34,7 @@ CONFIGS = {
 
 
 def _model(dtype=np.float64, **kw):
-    """A small TinyGPT trained through ``BatchCut`` (as ``tformer.train`` trains every model)."""
+    """A small TinyGPT trained through ``BatchCut`` (as ``tformer.training.train`` trains every model)."""
     return batch_threads.BatchCut(TinyGPT(d_model=32, n_heads=4, n_layers=2, max_len=16,
                                           vocab_size=64, seed=0, dtype=dtype, **kw))
 

@@ -1,11 +1,11 @@
-"""tformer.rss: the resident set of this process (Linux)."""
+"""tformer.core.rss: the resident set of this process (Linux)."""
 import json
 import subprocess
 import sys
 
 import pytest
 
-from tformer.rss import status_bytes
+from tformer.core.rss import status_bytes
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux's")
 
@@ -15,7 +15,7 @@ linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc i
 MEASURE = """
 import json
 import numpy as np
-from tformer.rss import reset_peak, status_bytes
+from tformer.core.rss import reset_peak, status_bytes
 rss = status_bytes("VmRSS")
 hwm0 = status_bytes("VmHWM")
 a = np.ones(64 * 2**20 // 8)                                       # 64 MiB, touched

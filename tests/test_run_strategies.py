@@ -1,7 +1,7 @@
 """One model, one way to run it: TinyGPT and the complete Transformer have one ``forward`` and one
 ``backward``, and each way of running them wraps them from outside, with the same arithmetic:
 gradient checkpointing (``Recompute`` standing in for the stack of blocks), the batch cut across
-threads (``BatchCut``) and decoding with a KV cache (``tformer.kv_cache``). tests/test_recompute.py,
+threads (``BatchCut``) and decoding with a KV cache (``tformer.decoding.kv_cache``). tests/test_recompute.py,
 tests/test_replicas.py and tests/test_decode.py hold each strategy in depth; here each is held to
 the model's own pass directly."""
 import inspect
@@ -9,12 +9,12 @@ import inspect
 import numpy as np
 import pytest
 
-from tformer import kv_cache
-from tformer.blocks import TINYGPT_PARTS, BlockStack, PostNormGPTBlock, PreNormBlock, modern_parts
+from tformer.decoding import kv_cache
+from tformer.nn.blocks import TINYGPT_PARTS, BlockStack, PostNormGPTBlock, PreNormBlock, modern_parts
 from tformer.models.tinygpt import TinyGPT
 from tformer.models.transformer import Transformer
-from tformer.scaling.batch_threads import BatchCut
-from tformer.scaling.recompute import Recompute
+from tformer.training.batch_threads import BatchCut
+from tformer.nn.recompute import Recompute
 
 
 def _tokens(V, B=3, T=10, seed=0):

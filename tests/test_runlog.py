@@ -5,13 +5,13 @@ import math
 import numpy as np
 import pytest
 
-from tformer import functional as F
+from tformer.nn import functional as F
 from tformer.__main__ import build_parser
 from tformer.__main__ import main as cli
 from tformer.models.tinygpt import TinyGPT
-from tformer.optim import AdamW
-from tformer.runlog import format_history, read_history, write_history
-from tformer.train import clip_ratio, train
+from tformer.training.optim import AdamW
+from tformer.training.runlog import format_history, read_history, write_history
+from tformer.training.train import clip_ratio, train
 
 
 def _hist():

@@ -1,4 +1,4 @@
-"""The samplers (tformer.samplers) as transformations of a distribution: what mass each keeps, its
+"""The samplers (tformer.decoding.samplers) as transformations of a distribution: what mass each keeps, its
 limits (top_p = 1 and min_p = 0 keep everything, top_k = 1 and τ → 0 are greedy), their one order,
 clear errors, and every filter and their composition against Hugging Face transformers' logits
 processors in float64 (marked torch_parity: a skip fails the run, tests/conftest.py)."""
@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from tformer import generate, samplers
-from tformer.samplers import (filter_logits, min_p_filter, probabilities, sample_from_logits,
+from tformer.decoding import generate, samplers
+from tformer.decoding.samplers import (filter_logits, min_p_filter, probabilities, sample_from_logits,
                               top_k_filter, top_p_filter)
 
 from properties_support import PROFILE

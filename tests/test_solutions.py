@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import sympy as sp
 
-import tformer.functional as F
+import tformer.nn.functional as F
 
 
 def _softmax(xs):

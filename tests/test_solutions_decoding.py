@@ -7,8 +7,8 @@ import numpy as np
 import sympy as sp
 
 from tformer.experiments.decoding import predicted_speedup, tokens_per_round
-from tformer.samplers import filter_logits, probabilities
-from tformer.speculative import residual
+from tformer.decoding.samplers import filter_logits, probabilities
+from tformer.decoding.speculative import residual
 
 
 def test_34_1_min_p_keeps_a_window_of_tau_ln_one_over_m():

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import sympy as sp
 
-import tformer.functional as F
+import tformer.nn.functional as F
 from tformer.kernels.attention import attention_backward, attention_forward
 from tformer.kernels.layernorm import layernorm_backward, layernorm_forward
 from tformer.kernels.linear import linear_backward, linear_forward
-from tformer.layers import Linear
+from tformer.nn.layers import Linear
 from tformer.models import OneHeadLM
-from tformer.optim import Adam
+from tformer.training.optim import Adam
 
 
 # ---------------------------------------------------------------- A language model on one page
@@ -67,8 +67,8 @@ def test_one_page_ex3_low_temperature_repeats_itself():
     repeats almost none and draws bytes the text never has. The mean entropy of softmax(z/τ) grows with τ."""
     from tformer.data.shakespeare import shakespeare_data
     from tformer.data.text import encode
-    from tformer.generate import sample
-    from tformer.optim import AdamW
+    from tformer.decoding.generate import sample
+    from tformer.training.optim import AdamW
 
     data = shakespeare_data(32, 16, seed=0)
     model = OneHeadLM(d_model=32, max_len=32, seed=0)

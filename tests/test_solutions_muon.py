@@ -3,7 +3,7 @@ number and formula a solution states, checked with SymPy, NumPy and the package.
 import numpy as np
 import sympy as sp
 
-from tformer.muon import NS_COEFFICIENTS, adjust_lr
+from tformer.training.muon import NS_COEFFICIENTS, adjust_lr
 
 
 def five_step_worst(coeffs, steps=5):

@@ -9,7 +9,7 @@ import numpy as np
 import sympy as sp
 
 from tformer.data import meter
-from tformer.dpo import dpo_backward, dpo_forward
+from tformer.tuning.dpo import dpo_backward, dpo_forward
 from tformer.experiments.preference import wilson
 from tformer.kernels.losses import log_softmax
 

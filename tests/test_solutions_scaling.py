@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import sympy as sp
 
-import tformer.functional as F
+import tformer.nn.functional as F
 
 DATA = Path(__file__).resolve().parents[1] / "book" / "data"
 
@@ -67,7 +67,7 @@ def test_20_3_amdahl_bound_of_two_blas_threads():
 
 
 def test_20_4_three_parts_on_two_cores():
-    from tformer.scaling.batch_threads import parts
+    from tformer.training.batch_threads import parts
 
     sizes = [b - a for a, b in parts(32, 3)]
     assert sizes == [10, 11, 11]
@@ -181,7 +181,7 @@ def test_21_3_flash_attention_memory_prediction():
 
 # --- Fewer bits -------------------------------------------------------------------------------
 def test_22_1_the_scaler_from_one():
-    from tformer.scaling.precision import DynamicLossScaler
+    from tformer.training.precision import DynamicLossScaler
 
     steps = json.loads((DATA / "fewer_bits.json").read_text())["config"]["steps"]
     sc = DynamicLossScaler(init_scale=1.0)

@@ -16,25 +16,25 @@ import numpy as np
 import pytest
 import sympy as sp
 
-import tformer.functional as F
-from tformer.attention import MultiHeadAttention
-from tformer.beam import MarkovTable, beam_search
-from tformer.blocks import ResidualBlock
+import tformer.nn.functional as F
+from tformer.nn.attention import MultiHeadAttention
+from tformer.decoding.beam import MarkovTable, beam_search
+from tformer.nn.blocks import ResidualBlock
 from tformer.data import copy_max, copy_max_centered
 from tformer.data.reconstruction import ReconstructionData, mse
 from tformer.data.text import TextData, unigram_cross_entropy
-from tformer.generate import sample_from_logits
-from tformer.gradcheck import check_kernel
-from tformer.layers import Linear, Module, ModuleList
+from tformer.decoding.generate import sample_from_logits
+from tformer.core.gradcheck import check_kernel
+from tformer.nn.layers import Linear, Module, ModuleList
 from tformer.models.attention_layer import AttentionLayer
 from tformer.models.encoder import Encoder
 from tformer.models.tinygpt import TinyGPT
 from tformer.models.transformer import Transformer
 from tformer.models.two_layer import TwoLayerTransformer
-from tformer.optim import Adam, AdamW, cosine_with_warmup, noam_lr
+from tformer.training.optim import Adam, AdamW, cosine_with_warmup, noam_lr
 from tformer.runs.tinygpt import forward_loss as tinygpt_loss
 from tformer.runs.tinygpt import make_evaluate
-from tformer.train import train
+from tformer.training.train import train
 
 
 # --------------------------------------------------------------------------------------------

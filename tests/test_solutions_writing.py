@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import sympy as sp
 
-from tformer import bpe
-from tformer import bpe_reference as ref
-from tformer.bpe import BPETokenizer
+from tformer.data import bpe
+from tformer.data import bpe_reference as ref
+from tformer.data.bpe import BPETokenizer
 from tformer.data import shakespeare as corpus
 from tformer.data.text import TextData, decode, encode
-from tformer.generate import sample
+from tformer.decoding.generate import sample
 from tformer.models.tinygpt import TinyGPT
 
 DATA = Path(__file__).resolve().parents[1] / "book" / "data"
@@ -217,7 +217,7 @@ def test_32_3_the_mlp_and_the_lm_head_share_of_the_adapters_gain():
 
 def test_30_3_what_top_k_and_top_p_cut_from_the_300_step_model():
     from tformer.experiments import shakespeare as run
-    from tformer.generate import top_k_filter, top_p_filter
+    from tformer.decoding.generate import top_k_filter, top_p_filter
 
     model, data, _ = run.train_tformer(0, steps=300, progress_bar=False)
     x, y = run.eval_windows(data)["val"]

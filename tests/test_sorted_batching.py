@@ -5,14 +5,14 @@ import numpy as np
 import pytest
 
 from tformer.__main__ import main as cli
-from tformer.checkpoint import load_checkpoint
+from tformer.training.checkpoint import load_checkpoint
 from tformer.data.batching import (SortedTask, counting, default_budget, row_lengths,
                                    split_by_length)
 from tformer.data.sequences import PAD, SequenceTask
 from tformer.models.transformer import Transformer
-from tformer.optim import SGD, Adam, cosine_with_warmup
+from tformer.training.optim import SGD, Adam, cosine_with_warmup
 from tformer.experiments.memory_batching import Run, verdict
-from tformer.train import micro_batches, train
+from tformer.training.train import micro_batches, train
 
 
 def _model(task, dtype=np.float64, dropout=0.0, seed=1):

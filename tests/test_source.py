@@ -1,18 +1,18 @@
-"""tformer.source.show_source: the code a chapter's "Where is this in the code" section shows."""
+"""tformer.core.source.show_source: the code a chapter's "Where is this in the code" section shows."""
 import inspect
 
 import pytest
 
 from tformer.kernels import softmax
-from tformer.source import show_source, source_of
+from tformer.core.source import show_source, source_of
 
 
 def test_source_of_a_function_and_a_method():
     file, code = source_of("tformer.kernels.softmax.softmax_forward")
     assert file == "tformer/kernels/softmax.py"
     assert code == inspect.getsource(softmax.softmax_forward).rstrip("\n")
-    file, code = source_of("tformer.optim.AdamW.step")
-    assert file == "tformer/optim.py" and code.startswith("def step(")   # dedented
+    file, code = source_of("tformer.training.optim.AdamW.step")
+    assert file == "tformer/training/optim.py" and code.startswith("def step(")   # dedented
 
 
 def test_display_is_a_fenced_python_block_per_object():
@@ -24,13 +24,13 @@ def test_display_is_a_fenced_python_block_per_object():
 
 
 def test_each_block_links_to_its_object_in_its_file():
-    shown = show_source("tformer.fast.softmax._softmax_inplace", "tformer.optim.Adam._update",
+    shown = show_source("tformer.fast.softmax._softmax_inplace", "tformer.training.optim.Adam._update",
                         "tformer.fast.activations.relu_forward")
     assert shown.anchors == ["_softmax_inplace", "Adam._update", "relu_forward"]
     md = shown._repr_markdown_()
     # relative to notebooks/: the .py file in JupyterLab; book/_ext/source_links.py points the
     # same link at the highlighted page in the built book
-    for href in ("../tformer/fast/softmax.py#_softmax_inplace", "../tformer/optim.py#Adam._update",
+    for href in ("../tformer/fast/softmax.py#_softmax_inplace", "../tformer/training/optim.py#Adam._update",
                  "../tformer/kernels/activations.py#relu_forward"):     # where it is defined
         assert f'<a class="tformer-source-link" href="{href}">' in md
     assert md.index("#Adam._update") < md.index("def _update")
@@ -45,22 +45,22 @@ def test_source_links_are_rewritten_to_viewcode_pages():
     spec.loader.exec_module(ext)
 
     class Env:
-        _viewcode_modules = {"tformer.kernels.softmax": ("", {}, {}, "tformer.functional")}
+        _viewcode_modules = {"tformer.kernels.softmax": ("", {}, {}, "tformer.nn.functional")}
 
     class App:
         class builder:
             env = Env()
 
     body = ('<a class="tformer-source-link" href="../tformer/kernels/softmax.py#softmax_forward">'
-            '<a class="tformer-source-link" href="../tformer/optim.py#Adam._update">'
-            '<a class="tformer-source-link" href="../tformer/optim.py#Adam._update">')
+            '<a class="tformer-source-link" href="../tformer/training/optim.py#Adam._update">'
+            '<a class="tformer-source-link" href="../tformer/training/optim.py#Adam._update">')
     context = {"body": body}
     ext.rewrite(App, "notebooks/01_softmax", "page.html", context, None)
     out = context["body"]
     assert 'href="../_modules/tformer/kernels/softmax.html#softmax_forward" ' \
-           'id="tformer.functional.softmax_forward"' in out
-    assert out.count('href="../_modules/tformer/optim.html#Adam._update"') == 2
-    assert out.count('id="tformer.optim.Adam._update"') == 1          # one id per page
+           'id="tformer.nn.functional.softmax_forward"' in out
+    assert out.count('href="../_modules/tformer/training/optim.html#Adam._update"') == 2
+    assert out.count('id="tformer.training.optim.Adam._update"') == 1          # one id per page
 
 
 @pytest.mark.parametrize("name, error, words", [
@@ -68,7 +68,7 @@ def test_source_links_are_rewritten_to_viewcode_pages():
     ("tformer.kernels.softmax.nope", ValueError, "has no 'nope'"),
     ("tformer.nomodule.x", ValueError, "has no 'nomodule.x'"),
     ("tformer.kernels.softmax.np", ValueError, "defined outside tformer"),
-    ("tformer.train.math.sqrt", ValueError, "without Python source"),
+    ("tformer.training.train.math.sqrt", ValueError, "without Python source"),
     (3, TypeError, "got int"),
 ])
 def test_bad_names_say_what_was_expected(name, error, words):
@@ -106,7 +106,7 @@ def test_source_of_a_module_whose_optional_dependency_is_missing(monkeypatch):
     """tformer.bench.torch_gpt needs torch; without torch its code is read from the file, as is."""
     import sys
 
-    from tformer.source import source_of
+    from tformer.core.source import source_of
     with_torch = source_of("tformer.bench.torch_gpt.Block")
     monkeypatch.delitem(sys.modules, "tformer.bench.torch_gpt", raising=False)
     monkeypatch.setitem(sys.modules, "torch", None)            # import torch now fails

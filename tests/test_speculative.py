@@ -1,4 +1,4 @@
-"""Speculative decoding (tformer.speculative) writes exactly the target's filtered distribution.
+"""Speculative decoding (tformer.decoding.speculative) writes exactly the target's filtered distribution.
 
 (a) SymPy: accepted-or-residual gives p, region by region of the signs of p − q (V = 3 and 4),
     and the module's rule is those expressions. (b) Exact enumeration on tiny TinyGPTs: every draft
@@ -17,14 +17,14 @@ import numpy as np
 import pytest
 import sympy as sp
 
-from tformer import kv_cache, speculative
-from tformer.attention import KVCache
-from tformer.generate import greedy
-from tformer.lora import apply_lora
+from tformer.decoding import kv_cache, speculative
+from tformer.nn.attention import KVCache
+from tformer.decoding.generate import greedy
+from tformer.nn.lora import apply_lora
 from tformer.models.tinygpt import TinyGPT
-from tformer.samplers import probabilities
-from tformer.scaling.quantize import quantize_model
-from tformer.speculative import speculative_sample
+from tformer.decoding.samplers import probabilities
+from tformer.decoding.quantize import quantize_model
+from tformer.decoding.speculative import speculative_sample
 
 
 def randomized(model, seed, scale, like=None):
@@ -114,7 +114,7 @@ class Exact:
     def speculative(self, ctx, n, k):
         """The same under speculative decoding: every draft sequence d ~ q, every branch of the
         round (i accepted, then a rejection and the residual, or the bonus token), and the rounds
-        that follow, with tformer.speculative's round_size, accept_probability and residual."""
+        that follow, with tformer.decoding.speculative's round_size, accept_probability and residual."""
         if n == 0:
             return {(): 1.0}
         p_net, q_net = self.models["p"], self.models["q"]

@@ -24,14 +24,14 @@ import numpy as np
 import pytest
 
 import step_matrix as sm
-from tformer import functional as F
-from tformer import parallel
-from tformer.scaling import batch_threads
-from tformer.scaling.mpi import find_mpiexec, launch
+from tformer.nn import functional as F
+from tformer.core import parallel
+from tformer.training import batch_threads
+from tformer.training.mpi import find_mpiexec, launch
 from tformer.models.tinygpt import TinyGPT
-from tformer.optim import AdamW
-from tformer.scaling.precision import precision_policy
-from tformer.train import train
+from tformer.training.optim import AdamW
+from tformer.training.precision import precision_policy
+from tformer.training.train import train
 
 BOUND = {"float64": 1e-12, "float32": 1e-5, "bf16": 2.0 ** -7, "fp16": 2.0 ** -10}
 CASES = [(c, p) for c in sm.CONFIGS for p in sm.PRECISIONS]

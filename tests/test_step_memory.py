@@ -1,8 +1,8 @@
-"""tformer.scaling.step_memory: the count of a step's peak (Fitting in memory), against the peaks it was checked on."""
+"""tformer.training.step_memory: the count of a step's peak (Fitting in memory), against the peaks it was checked on."""
 import json
 import os
 
-from tformer.scaling.step_memory import step_peak_bytes
+from tformer.training.step_memory import step_peak_bytes
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "book", "data", "fitting_in_memory.json")
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from tformer import __main__ as cli
-from tformer import parallel
+from tformer.core import parallel
 
 NO_MPI = {}                                      # an environment without launcher variables
 
@@ -43,7 +43,7 @@ def _env(**extra):
     return dict(env, **extra)
 
 
-CODE = ("import tformer.parallel as P; from threadpoolctl import threadpool_info; "
+CODE = ("import tformer.core.parallel as P; from threadpoolctl import threadpool_info; "
         "print(P.get_num_threads(), P.available_cores(), "
         "min(i['num_threads'] for i in threadpool_info() if i['user_api'] == 'blas'))")
 

@@ -1,5 +1,5 @@
-"""tformer.experiments.timing.interleaved: every function once a round, round after round."""
-from tformer.experiments.timing import interleaved
+"""tformer.core.timing.interleaved: every function once a round, round after round."""
+from tformer.core.timing import interleaved
 
 
 def test_interleaved_runs_each_function_once_per_round_in_order():

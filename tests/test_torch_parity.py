@@ -11,10 +11,10 @@ import math
 import numpy as np
 import pytest
 
-import tformer.functional as F
+import tformer.nn.functional as F
 from tformer.models.tinygpt import TinyGPT
-from tformer.optim import AdamW, cosine_with_warmup
-from tformer.train import train
+from tformer.training.optim import AdamW, cosine_with_warmup
+from tformer.training.train import train
 
 def randn(*shape, seed=0):
     return np.random.default_rng(seed).standard_normal(shape)
@@ -314,7 +314,7 @@ def test_tinygpt_training_trajectory(torch):
                  clip_norm=CLIP, lr_schedule=_schedule, progress_bar=False)
 
     def clip_as_tformer(params, max_norm):
-        """g ← g · max_norm / ‖g‖ when ‖g‖ > max_norm (tformer.optim.clip_grad_norm), ‖g‖ from PyTorch."""
+        """g ← g · max_norm / ‖g‖ when ‖g‖ > max_norm (tformer.training.optim.clip_grad_norm), ‖g‖ from PyTorch."""
         norm = float(torch.nn.utils.get_total_norm([p.grad for p in params]))
         if norm > max_norm:
             for p in params:

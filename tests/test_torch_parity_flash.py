@@ -7,8 +7,8 @@ upstream gradient: y and the three gradients to 1e-12 relative (``rel_error``, n
 import numpy as np
 import pytest
 
-import tformer.functional as F
-from tformer.gradcheck import rel_error
+import tformer.nn.functional as F
+from tformer.core.gradcheck import rel_error
 
 pytestmark = pytest.mark.torch_parity      # every test here; without torch the module is skipped, and the run fails
 torch = pytest.importorskip("torch")

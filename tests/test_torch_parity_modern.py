@@ -8,8 +8,8 @@ each with a random upstream gradient. The claim is 1e-9 relative; the assertions
 import numpy as np
 import pytest
 
-import tformer.functional as F
-from tformer.gradcheck import rel_error
+import tformer.nn.functional as F
+from tformer.core.gradcheck import rel_error
 
 pytestmark = pytest.mark.torch_parity      # every test here; without torch the module is skipped, and the run fails
 torch = pytest.importorskip("torch")

@@ -16,11 +16,11 @@ import itertools
 import numpy as np
 import pytest
 
-import tformer.functional as F
+import tformer.nn.functional as F
 from tformer.models.tinygpt import TinyGPT
-from tformer.muon import Muon, MuonAdamW
-from tformer.optim import cosine_with_warmup
-from tformer.train import train
+from tformer.training.muon import Muon, MuonAdamW
+from tformer.training.optim import cosine_with_warmup
+from tformer.training.train import train
 
 RTOL = 1e-12
 

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 
 import tformer
-from tformer import functional as F
-from tformer.generate import greedy
+from tformer.nn import functional as F
+from tformer.decoding.generate import greedy
 from tformer.models.tinygpt import TinyGPT
 from tformer.models.transformer import Transformer
-from tformer.optim import AdamW
-from tformer.train import train
+from tformer.training.optim import AdamW
+from tformer.training.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))

@@ -1,4 +1,4 @@
-"""Preference tuning (``tformer.tune``) and its rows (``tformer.data.pairs``): the padded rows score
+"""Preference tuning (``tformer.tuning.tune``) and its rows (``tformer.tuning.pairs``): the padded rows score
 each response as it scores alone; a DPO step's parameter gradient is the finite differences of the
 DPO loss through the whole model (float64), with every weight and with LoRA; LoRA's step moves the
 adapters alone; the step is the same on 1, 2 and 3 threads; SFT is cross-entropy on the chosen
@@ -9,15 +9,15 @@ import math
 import numpy as np
 import pytest
 
-from tformer import parallel
-from tformer.data import pairs as PR
-from tformer.dpo import dpo_loss, sequence_logp
-from tformer.gradcheck import numerical_grad
+from tformer.core import parallel
+from tformer.tuning import pairs as PR
+from tformer.tuning.dpo import dpo_loss, sequence_logp
+from tformer.core.gradcheck import numerical_grad
 from tformer.kernels.losses import log_softmax
-from tformer.lora import Adapters, apply_lora
-from tformer.scaling import batch_threads
+from tformer.nn.lora import Adapters, apply_lora
+from tformer.training import batch_threads
 from tformer.models.tinygpt import TinyGPT
-from tformer.tune import Pairs, dpo_step_loss, margins, objective, order, sft_step_loss, tune
+from tformer.tuning.tune import Pairs, dpo_step_loss, margins, objective, order, sft_step_loss, tune
 
 V = 11
 

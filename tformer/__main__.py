@@ -10,7 +10,7 @@ main: nothing is read or written before the flags agree and the files are what t
 """
 import os
 
-# tformer.parallel splits its kernels over every core by default (--threads N or TFORMER_NUM_THREADS
+# tformer.core.parallel splits its kernels over every core by default (--threads N or TFORMER_NUM_THREADS
 # say otherwise) and holds BLAS at one thread per call meanwhile; with one tformer thread, BLAS keeps
 # one thread too, so that --threads 1 means one core. Set before NumPy is imported; an explicit
 # OPENBLAS_NUM_THREADS / OMP_NUM_THREADS in the environment still wins.
@@ -127,7 +127,7 @@ MAX_THREADS = max(64, 4 * (os.cpu_count() or 1))
 
 def _bounded_threads(text, name):
     """``text`` as a thread count from 1 to ``MAX_THREADS``, else ValueError naming ``name``."""
-    from .parallel import parse_num_threads
+    from tformer.core.parallel import parse_num_threads
     n = parse_num_threads(text, name)
     if n > MAX_THREADS:
         raise ValueError(f"{name}: expected an integer ≥ 1 and at most {MAX_THREADS} (4 threads "
@@ -147,7 +147,7 @@ def _threads(text):
 def _check_files(parser, args):
     """The files the command declares (its module's ``files(args)``, ``tformer.runs.declare``):
     checked before anything else reads or writes one; a ValueError is the usage error."""
-    from .runs import declare
+    from tformer.runs import declare
     files = getattr(sys.modules[args.command_module], "files", None)
     if files is None:                             # tests/test_declared_files.py fails on it too
         _leaf(parser, args).error("the command declares no files (files(args), "
@@ -180,7 +180,7 @@ def _check_unused(parser, args):
     unused = getattr(sys.modules[args.command_module], "unused_flags", None)
     if unused is None:
         return
-    from .runs.flags import unused_error
+    from tformer.runs.flags import unused_error
     leaf = _leaf(parser, args)
     for flag, mode, when in unused(args):
         action = leaf._option_string_actions[flag]             # a flag of this command
@@ -215,7 +215,7 @@ def main(argv=None):
     try:
         if os.environ.get("TFORMER_NUM_THREADS", "").strip():
             _bounded_threads(os.environ["TFORMER_NUM_THREADS"][:40], "TFORMER_NUM_THREADS")
-        from . import parallel                    # reads TFORMER_NUM_THREADS at import
+        from tformer.core import parallel                    # reads TFORMER_NUM_THREADS at import
     except ValueError as e:                       # a bad value: one line, not a traceback
         print(f"python -m tformer: error: {e}", file=sys.stderr)
         return 2
@@ -228,10 +228,10 @@ def main(argv=None):
     if getattr(args, "threads", None) is not None:
         parallel.set_num_threads(args.threads)
     # Under mpiexec, one rank of the job: rank 0 prints; an error on one rank aborts them all.
-    from .scaling.mpi import RankError, run_command
-    from .train import NonFiniteLossError
-    from .runs.flags import UsageError
-    from .atomic import WriteError
+    from tformer.training.mpi import RankError, run_command
+    from tformer.training.train import NonFiniteLossError
+    from tformer.runs.flags import UsageError
+    from tformer.core.atomic import WriteError
     try:
         return run_command(args.func, args, consistent=(RankError, NonFiniteLossError))
     except UsageError as e:                       # bad input found as the command ran

@@ -200,7 +200,7 @@ def check_chapter(page, lab, rel, facts):
     bare = sorted({t.strip() for t in links} & facts["doc_targets"])
     assert not bare, f"{rel}: {{doc}} references shown as bare paths: {bare}"
     page_code = squash(page.locator(f"{NB}").inner_text())
-    from tformer.source import source_of
+    from tformer.core.source import source_of
     missing = [n for n in facts["names"] if squash(source_of(n)[1]) not in page_code]
     assert not missing, f"{rel}: the source of {missing} is not on the page"
     check_no_errors(page, rel)

@@ -7,7 +7,7 @@ Each picture reads from top (input) to bottom (output), as the model's ``forward
 the layers (colour = kind: embedding and positions, attention, feed-forward, normalisation,
 output), ⊕ is a residual sum, the line that bypasses a box is its skip connection, and the dashed
 frame holds what repeats N times. The wiring of each one is the code's, checked against
-``tformer/models/`` (and ``tformer/blocks.py``) when this file was written; if a model changes its
+``tformer/models/`` (and ``tformer/nn/blocks.py``) when this file was written; if a model changes its
 wiring, change its ``SYSTEMS`` entry here, rerun, and commit the SVGs.
 
 The files are deterministic (``svg.hashsalt`` fixed, no date, text as paths with the pinned

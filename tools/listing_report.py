@@ -4,7 +4,7 @@ which later-chapter features it shows; with ``--invariants``, how many places ch
     python tools/listing_report.py [--limit 25] [--through 15] [--json FILE]
     python tools/listing_report.py --invariants [--json FILE]
 
-A listing is re-derived from the names a cell passes to ``show_source``, with tformer.source's own
+A listing is re-derived from the names a cell passes to ``show_source``, with tformer.core.source's own
 ``source_of``, rather than parsed from the stored output: the plain-text output joins the listings
 with a blank line, which also occurs inside them, so the boundaries (and the name of each listing)
 would be guesses, and the Markdown output needs its links undone. Re-deriving gives each object
@@ -32,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from tformer import source as tsource  # noqa: E402  (the package of this checkout)
+from tformer.core import source as tsource  # noqa: E402  (the package of this checkout)
 
 #: The later-chapter features of issue 31: a listing in notebooks 01-15 should show none of them.
 #: Name -> regular expression searched in each code line (comments and docstrings removed).
@@ -49,7 +49,7 @@ FEATURES = {
     "bfloat16": r"bfloat16",
     "compute_dtype": r"\bcompute_dtype\b",
     "is_low": r"\bis_low\(",                            # the float16/bfloat16 branch's test
-    "matmul( (tformer._dtypes)": r"(?<![\w.])matmul\(|_dtypes\.matmul\b",   # not np.matmul
+    "matmul( (tformer.core.dtypes)": r"(?<![\w.])matmul\(|dtypes\.matmul\b",   # not np.matmul
     "n_kv_heads": r"\bn_kv_heads\b",
     "_grouped": r"_grouped",
     "rope": r"(?i)(?<![a-z])rope(?![a-z])",             # rope, RoPE, apply_rope, rope_cache

@@ -4,7 +4,7 @@
 
 JupyterLab (jupyterlab-myst) cannot read files, so a ``{literalinclude}`` block renders as nothing
 in the lab, while the built book shows the code. This rewrites each run of such blocks into a code
-cell ``show_source("tformer.module.object", ...)`` (tformer/source.py), whose output is the same
+cell ``show_source("tformer.module.object", ...)`` (tformer/core/source.py), whose output is the same
 code in both readers and is compared by nbval. The Markdown around a block stays where it was, split
 into the cells before and after it. Only ``:pyobject:`` is understood; a block with any other option
 stops the conversion with an error naming it.
@@ -27,7 +27,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell
 BLOCK = re.compile(r"^```+\{literalinclude\}[ \t]+(?P<path>\S+)[ \t]*\n"
                    r"(?P<options>(?::[^\n]*\n)*)```+[ \t]*$", re.M)
 OPTION = re.compile(r"^:(?P<key>[\w-]+):[ \t]*(?P<value>.*)$")
-IMPORT = "from tformer.source import show_source"
+IMPORT = "from tformer.core.source import show_source"
 MAX_LINE = 90
 DOC_REF = re.compile(r"\{doc\}`(?P<target>[^`<>]+)`")
 

@@ -1,6 +1,6 @@
 """Sphinx extension: a chapter's link to a function in its .py file leads to its highlighted page.
 
-``tformer.source.show_source`` puts a link above each listing it shows,
+``tformer.core.source.show_source`` puts a link above each listing it shows,
 ``<a class="tformer-source-link" href="../tformer/kernels/softmax.py#softmax_forward">``: relative
 to ``notebooks/``, so that in JupyterLab it opens the file itself. In the built book there is no
 ``tformer/`` folder; the same link must lead to the module's page of ``sphinx.ext.viewcode``,
@@ -68,7 +68,7 @@ def rewrite(app, pagename, templatename, context, doctree):
         modname = path.replace("/", ".")
         entry = modules.get(modname)
         # viewcode's [docs] link points at "<refname>.<name>", refname being the module under
-        # which the first page documented it (tformer.functional for a re-exported kernel)
+        # which the first page documented it (tformer.nn.functional for a re-exported kernel)
         target = f"{entry[3] if entry else modname}.{name}"
         ident = "" if target in seen else f' id="{target}"'
         seen.add(target)

@@ -10,9 +10,9 @@ each timed as the kernels run it (the transposes are views, never copies). The s
 layers, at each library's rate, is what the linear layers would cost with that library and
 nothing else changed: the most that changing the library can give.
 """
-from ..experiments.timing import best_seconds
-from .flops import gemm_flops
-from .workload import SIZES, VOCAB
+from tformer.core.timing import best_seconds
+from tformer.bench.flops import gemm_flops
+from tformer.bench.workload import SIZES, VOCAB
 
 
 def linear_shapes(size):

@@ -4,7 +4,7 @@ The model is the medium benchmark size (C = 256, 8 heads, 4 layers) with room fo
 the new tokens (``max_len = prompt + new``); weights are the seed-0 initialisation (speed does not
 depend on training). Each side decodes ``new`` tokens greedily after a prompt of random bytes:
 
-- ``tformer``: ``tformer.generate.greedy`` (KV cache: the prompt once, then one token per step);
+- ``tformer``: ``tformer.decoding.generate.greedy`` (KV cache: the prompt once, then one token per step);
 - ``tformer_nocache``: the same call with ``use_cache=False`` (the whole prefix every step);
 - ``torch``: ``torch_gpt.greedy_kv``, the loop a PyTorch user writes (``torch.inference_mode``,
   a list of (k, v) tensors grown with ``torch.cat``).
@@ -17,7 +17,7 @@ every step (to float32 rounding).
 import statistics
 import time
 
-from .workload import VOCAB
+from tformer.bench.workload import VOCAB
 
 CONFIG = dict(d_model=256, n_heads=8, n_layers=4)           # the medium size of training.SIZES
 
@@ -26,7 +26,7 @@ def model_and_prompt(B, prompt_len, new):
     """The seed-0 float32 TinyGPT with ``max_len = prompt_len + new`` and a (B, prompt_len) prompt."""
     import numpy as np
 
-    from ..models.tinygpt import TinyGPT
+    from tformer.models.tinygpt import TinyGPT
     model = TinyGPT(**CONFIG, max_len=prompt_len + new, vocab_size=VOCAB, seed=0)
     prompt = np.random.default_rng(B).integers(0, VOCAB, (B, prompt_len))
     return model, prompt
@@ -43,8 +43,8 @@ def _median_time(fn, reps):
 
 def worker_tformer(B, prompt_len, new, reps, cache=True):
     """Time ``greedy`` with (``cache=True``) or without the KV cache."""
-    from .. import parallel
-    from ..generate import greedy
+    from tformer.core import parallel
+    from tformer.decoding.generate import greedy
     model, prompt = model_and_prompt(B, prompt_len, new)
     greedy(model, prompt, min(8, new), use_cache=cache)                         # warm-up
     out = None
@@ -63,8 +63,8 @@ def check_against_tformer(model, tm, prompt, n_check=32):
     import numpy as np
     import torch
 
-    from .. import kv_cache
-    from ..generate import greedy
+    from tformer.decoding import kv_cache
+    from tformer.decoding.generate import greedy
     tokens = greedy(model, prompt, n_check)                                     # (B, T0 + n_check)
     T0 = prompt.shape[1]
     step, caches = kv_cache.Decoder(model.eval()), kv_cache.new_caches(model, prompt.shape[0])
@@ -85,7 +85,7 @@ def worker_torch(B, prompt_len, new, reps, threads):
     """Check the twin (``check_against_tformer`` < 1e-4), then time ``greedy_kv``."""
     import torch
 
-    from .torch_gpt import from_tinygpt, greedy_kv
+    from tformer.bench.torch_gpt import from_tinygpt, greedy_kv
     if threads is not None:
         torch.set_num_threads(threads)
     model, prompt = model_and_prompt(B, prompt_len, new)

@@ -21,11 +21,11 @@ import time
 
 import numpy as np
 
-from .. import functional as F
-from ..models.tinygpt import TinyGPT
-from ..modern_layers import swiglu_hidden
-from ..optim import AdamW
-from ..scaling.batch_threads import BatchCut
+from tformer.nn import functional as F
+from tformer.models.tinygpt import TinyGPT
+from tformer.nn.modern_layers import swiglu_hidden
+from tformer.training.optim import AdamW
+from tformer.training.batch_threads import BatchCut
 
 
 def attention_cases(rng):
@@ -100,7 +100,7 @@ def step_cases(rng):
         model = TinyGPT(d_model=C, n_heads=H, n_layers=L, max_len=T, seed=0, **kw)
         opt = AdamW(model, lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
 
-        def step(model=BatchCut(model), opt=opt):          # run as tformer.train runs it
+        def step(model=BatchCut(model), opt=opt):          # run as tformer.training.train runs it
             model.zero_grad()
             _, d = F.cross_entropy(model.forward(x), y)
             model.backward(d)

@@ -2,7 +2,7 @@
 
     python -m tformer.bench.op_profile [--size small|medium|large] [--steps N] [--clock wall|cpu]
 
-Every kernel of ``tformer.functional`` (``linear_forward``, ``attention_backward``, ...), the
+Every kernel of ``tformer.nn.functional`` (``linear_forward``, ``attention_backward``, ...), the
 ``forward`` and ``backward`` of every layer class, ``cross_entropy``, ``zero_grad`` and the optimizer's
 ``step`` are wrapped by a timer while the profile runs (and restored afterwards). A timer stack
 gives each call its *exclusive* (self) time: a layer's own time is its time minus that of the
@@ -20,9 +20,9 @@ import time
 
 import numpy as np
 
-from .. import functional as F
-from ..fast import activations as _fact, dropout as _fdrop, embedding as _femb, layernorm as _fln
-from ..fast import attention as _fatt, linear as _flin
+from tformer.nn import functional as F
+from tformer.fast import activations as _fact, dropout as _fdrop, embedding as _femb, layernorm as _fln
+from tformer.fast import attention as _fatt, linear as _flin
 
 _LAYER_CLASSES = ("Linear", "Embedding", "LayerNorm", "Dropout", "Activation", "FeedForward")
 
@@ -47,7 +47,7 @@ class Profiler:
         @functools.wraps(fn)
         def timed(*args, **kwargs):
             if threading.current_thread() is not self._thread:
-                return fn(*args, **kwargs)               # a part on a tformer.parallel worker: its
+                return fn(*args, **kwargs)               # a part on a tformer.core.parallel worker: its
                                                          # wall time is inside its caller's already
             self._stack.append(0.0)                      # time spent in children of this call
             t0 = self.clock()
@@ -66,7 +66,8 @@ class Profiler:
 @contextlib.contextmanager
 def instrument(prof):
     """Patch the kernels, layer methods and optimizer step with ``prof``'s timers; undo on exit."""
-    from tformer import attention, blocks, layers, optim
+    from tformer.nn import attention, blocks, layers
+    from tformer.training import optim
     from tformer.models import tinygpt
     patched = []
 
@@ -106,7 +107,7 @@ def instrument(prof):
 def profile_step(model, opt, x, y, steps=3, warmup=1, clock="wall"):
     """Profile ``steps`` training steps; returns ``(rows, step_seconds)`` with rows
     ``(name, ms per step, calls per step, fraction of the step)`` sorted by time, largest first."""
-    from .workload import tformer_step_fn
+    from tformer.bench.workload import tformer_step_fn
     step = tformer_step_fn(model, opt, x, y)
     for _ in range(warmup):
         step()
@@ -147,8 +148,8 @@ def group(rows):
 
 def build(size):
     """A float32 TinyGPT of a benchmark size, its AdamW, and one batch ``(x, y)``."""
-    from ..optim import AdamW
-    from .workload import OPT, SIZES, batch, tinygpt
+    from tformer.training.optim import AdamW
+    from tformer.bench.workload import OPT, SIZES, batch, tinygpt
     s = SIZES[size]
     model = tinygpt(size)
     x, y = batch(s["B"], s["T"])

@@ -33,7 +33,7 @@ cores sharing memory and caches, without the interpreter lock (GIL) that threads
 BLAS and in PyTorch's, one thread each.
 
 The result, with the command line, the commit, the machine (the CPU's vendor, family, model and
-vector width: ``tformer.experiments.cpu``), the date and the load, is written atomically to
+vector width: ``tformer.core.cpu``), the date and the load, is written atomically to
 ``--out`` (default ``book/data/bench_<vendor>.json``, e.g. ``bench_intel.json``, one per CPU vendor;
 the Performance chapter reads each).
 """
@@ -45,10 +45,10 @@ import sys
 import time
 from pathlib import Path
 
-from ..experiments import cpu, provenance
-from ..atomic import write_json
-from . import gemm_shapes, training
-from .training import MALLOC_TUNED, SIZES, TARGET_PEAK, TARGET_RATIO, VOCAB
+from tformer.core import cpu, provenance
+from tformer.core.atomic import write_json
+from tformer.bench import gemm_shapes, training
+from tformer.bench.training import MALLOC_TUNED, SIZES, TARGET_PEAK, TARGET_RATIO, VOCAB
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "book" / "data"
@@ -98,14 +98,14 @@ def _gen_batches(text):
 
 
 def _gen_tokens(text):
-    from ..runs.flags import _number
+    from tformer.runs.flags import _number
     return _number(text, int, f"an integer from 1 to {MAX_GEN_TOKENS:,} (the uncached side "
                               f"recomputes the prefix at every token)",
                    lambda v: 1 <= v <= MAX_GEN_TOKENS)
 
 
 def _min_time(text):
-    from ..runs.flags import _number
+    from tformer.runs.flags import _number
     return _number(text, float, f"seconds from 0 to {MAX_MIN_TIME:g}",
                    lambda v: 0 <= v <= MAX_MIN_TIME)
 
@@ -115,7 +115,7 @@ def add_arguments(p):
     p.description = ("Training and generation, tformer against PyTorch (make bench). --threads N "
                      "sets every library's threads on both sides; without it, each runs on its "
                      "defaults.")
-    from ..runs.flags import add_flag, positive_int
+    from tformer.runs.flags import add_flag, positive_int
     p.add_argument("--sizes", type=_sizes, default="small,medium,large",
                    help="training sizes, a comma-separated subset of " + ", ".join(SIZES)
                         + " ('' to skip training)")
@@ -144,7 +144,7 @@ def add_arguments(p):
 
 def unused_flags(a):
     """The flags of a benchmark that ``--sizes ''`` or ``--gen-batches ''`` leaves out."""
-    from ..runs.flags import idle
+    from tformer.runs.flags import idle
     no_training = not [x for x in a.sizes.split(",") if x.strip()]
     no_generation = not [x for x in a.gen_batches.split(",") if x.strip()]
     return [*idle(["--steps", "--warmup", "--min-time", "--malloc"],
@@ -164,7 +164,7 @@ def check_flags(a):
 def files(a):
     """What the command writes (``tformer.runs.declare``): ``--out`` (default: the file of this
     machine's CPU vendor, ``default_out``)."""
-    from ..runs.declare import writes
+    from tformer.runs.declare import writes
     if a.out is None:
         a.out = str(default_out(cpu.identify().get("vendor")))
     return [writes("--out", a.out)]
@@ -174,7 +174,7 @@ def files(a):
 
 def worker_main(spec):
     """Run the measurement that ``spec`` names (in the worker subprocess); its result dict."""
-    from . import generation
+    from tformer.bench import generation
     kind, a = spec["kind"], spec["args"]
     if kind == "gemm":
         return training.worker_gemm(a["threads"])
@@ -374,9 +374,9 @@ def verdict(results):
 
 
 def machine():
-    """What the numbers were measured on (``tformer.experiments.provenance.machine``) and the cores this
+    """What the numbers were measured on (``tformer.core.provenance.machine``) and the cores this
     process may use."""
-    from ..parallel import available_cores
+    from tformer.core.parallel import available_cores
     return dict(provenance.machine(), available_cores=available_cores())
 
 
@@ -403,8 +403,8 @@ def _check(a):
 def main(a):
     a.threads = getattr(a, "threads", None)     # python -m tformer's --threads: every library, both sides
     sizes, batches = _check(a)
-    from .flops import breakdown
-    from .training import have_torch
+    from tformer.bench.flops import breakdown
+    from tformer.bench.training import have_torch
     use_torch = not a.no_torch and have_torch()
     if not use_torch and not a.no_torch:
         print("PyTorch is not installed (pip install torch==2.13.0, the CPU build): tformer alone.")

@@ -12,15 +12,15 @@ built. For tformer the ``tracemalloc`` peak of one step (NumPy reports its buffe
 """
 import time
 
-from ..rss import reset_peak, status_bytes
-from .workload import OPT, SIZES, VOCAB, batch, tformer_step_fn, tinygpt  # noqa: F401 (re-exported)
+from tformer.core.rss import reset_peak, status_bytes
+from tformer.bench.workload import OPT, SIZES, VOCAB, batch, tformer_step_fn, tinygpt  # noqa: F401 (re-exported)
 
 TARGET_RATIO, TARGET_PEAK = 1.0, 0.75
 MALLOC_TUNED = {"MALLOC_TRIM_THRESHOLD_": str(1 << 30), "MALLOC_MMAP_THRESHOLD_": str(32 << 20)}
 
 
 def status_kb(key):
-    """``/proc/self/status`` entry ``key`` in kB (``tformer.rss``), 0 where it is unknown."""
+    """``/proc/self/status`` entry ``key`` in kB (``tformer.core.rss``), 0 where it is unknown."""
     return (status_bytes(key) or 0) // 1024
 
 
@@ -66,8 +66,8 @@ def worker_tformer(size, warmup, steps, threads, profile=True, min_time=0.0, B=N
     ``B``: a batch of this many sequences instead of the size's own (one thread's part)."""
     import tracemalloc
 
-    from .. import parallel
-    from ..optim import AdamW
+    from tformer.core import parallel
+    from tformer.training.optim import AdamW
     base_kb = status_kb("VmRSS")
     s = SIZES[size]
     x, y = batch(B or s["B"], s["T"])
@@ -85,7 +85,7 @@ def worker_tformer(size, warmup, steps, threads, profile=True, min_time=0.0, B=N
                 tracemalloc_step_peak_mb=(traced_peak - before) / 2**20,
                 n_params=int(model.num_parameters()), tformer_threads=parallel.get_num_threads())
     if profile:
-        from . import op_profile as prof
+        from tformer.bench import op_profile as prof
         # warmup=1: profile_step builds a new step (a new BatchCut), whose first call makes the
         # replicas; profiled, that copy showed as 100-400 ms of "glue" that no later step pays.
         rows, total = prof.profile_step(model, opt, x, y, steps=2, warmup=1,
@@ -100,8 +100,8 @@ def worker_torch(size, warmup, steps, threads, min_time=0.0):
     timed as ``worker_tformer``. ``threads=None`` leaves PyTorch on its default thread count."""
     import torch
 
-    from ..optim import AdamW
-    from .torch_gpt import from_tinygpt
+    from tformer.training.optim import AdamW
+    from tformer.bench.torch_gpt import from_tinygpt
     if threads is not None:
         torch.set_num_threads(threads)
     base_kb = status_kb("VmRSS")

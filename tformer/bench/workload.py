@@ -21,17 +21,17 @@ def batch(B, T, seed=0):
 
 def tinygpt(size, dtype="float32"):
     """The TinyGPT of benchmark size ``size`` (``SIZES``), seed 0."""
-    from ..models.tinygpt import TinyGPT
+    from tformer.models.tinygpt import TinyGPT
     s = SIZES[size]
     return TinyGPT(d_model=s["d_model"], n_heads=s["n_heads"], n_layers=s["n_layers"], max_len=s["T"],
                    vocab_size=VOCAB, seed=0, dtype=dtype)
 
 
 def tformer_step_fn(model, opt, x, y):
-    """``step() -> loss``: one training step of ``model`` on ``(x, y)``, run as ``tformer.train``
+    """``step() -> loss``: one training step of ``model`` on ``(x, y)``, run as ``tformer.training.train``
     runs it (through ``BatchCut``: the batch cut across threads where that pays)."""
-    from .. import functional as F
-    from ..scaling.batch_threads import BatchCut
+    from tformer.nn import functional as F
+    from tformer.training.batch_threads import BatchCut
     net = BatchCut(model)
 
     def step():

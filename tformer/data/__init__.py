@@ -1,1 +1,1 @@
-"""Data for every task, all seeded and generated or read locally (nothing is downloaded); one file per task."""
+"""Data for every task, seeded, generated or read locally (nothing is downloaded), and the byte-pair tokenizer (``bpe``, with ``bpe_reference``: HF tokenizers trained the same way); one file per task."""

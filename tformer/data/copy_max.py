@@ -16,8 +16,8 @@ Accuracy (``nearest_row_accuracy``): the share of output rows ``Y[b, t]`` whose 
 """
 import numpy as np
 
-from .. import functional as F
-from .._validate import float_array, int_array
+from tformer.nn import functional as F
+from tformer.core.validate import float_array, int_array
 
 SPLITS = {"train": 0, "test": 1}
 
@@ -83,7 +83,7 @@ def nearest_row_accuracy(y, candidates, correct):
 
 def half_sum_loss(model, batch):
     """The objective of the single attention layer and the two-layer transformer, as
-    ``tformer.train.train`` wants it: ``(L, ∂L/∂Y)`` with L = ½‖Y − Y_true‖² summed over the batch
+    ``tformer.training.train.train`` wants it: ``(L, ∂L/∂Y)`` with L = ½‖Y − Y_true‖² summed over the batch
     and ∂L/∂Y = Y − Y_true, for ``batch = (x, y_true)``."""
     x, y_true = batch[0], batch[1]
     return F.mse_loss(model.forward(x), y_true, reduction="half_sum")

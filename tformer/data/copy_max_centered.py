@@ -22,8 +22,8 @@ Batches are pure functions of ``(seed, split, index)``, as in ``copy_max``; eval
 """
 import numpy as np
 
-from .copy_max import batch_rng, copy_max_targets
-from .copy_max import held_out as _held_out
+from tformer.data.copy_max import batch_rng, copy_max_targets
+from tformer.data.copy_max import held_out as _held_out
 
 
 def centered_copy_max_batch(index, *, batch_size=32, seq_len=8, d_model=16, seed=0, split="train",

@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from .. import functional as F
+from tformer.nn import functional as F
 
 
 def standardize_rows(a, eps=0.0):
@@ -75,7 +75,7 @@ def forward_loss(model, x):
     """L = ‖model(X) − X‖² / (B·T·d),  ∂L/∂Ŷ = 2(Ŷ − X)/(B·T·d): the post-LN encoder's loss
     (the mean over every entry).
 
-    The ``forward_loss(model, batch) -> (loss, dout)`` that ``tformer.train.train`` expects.
+    The ``forward_loss(model, batch) -> (loss, dout)`` that ``tformer.training.train.train`` expects.
     """
     return F.mse_loss(model.forward(x), x, reduction="mean")
 

@@ -19,9 +19,9 @@ such sequences, so exact-match accuracy is measured on inputs the model has neve
 """
 import numpy as np
 
-from .. import functional as F
-from ..beam import beam_search
-from ..generate import greedy
+from tformer.nn import functional as F
+from tformer.decoding.beam import beam_search
+from tformer.decoding.generate import greedy
 
 PAD, BOS, SEP, EOS = 0, 1, 2, 3
 SPECIALS = ("PAD", "BOS", "SEP", "EOS")

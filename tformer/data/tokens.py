@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from .text import TextData, evaluate_loss
+from tformer.data.text import TextData, evaluate_loss
 
 
 class TokenData(TextData):
@@ -45,7 +45,7 @@ class TokenData(TextData):
 
     @classmethod
     def encode(cls, text_data, tokenizer, block_size=None, batch_size=None, seed=None):
-        """Encode ``text_data``'s two splits with ``tokenizer`` (a ``tformer.bpe.BPETokenizer``);
+        """Encode ``text_data``'s two splits with ``tokenizer`` (a ``tformer.data.bpe.BPETokenizer``);
         window size, batch size and seed default to ``text_data``'s."""
         lengths = [len(t) for t in tokenizer.tokens]
         return cls(tokenizer.encode(text_data.train.tobytes()),

@@ -31,15 +31,15 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-from .. import functional as F
-from ..atomic import write_json
-from ..data.text import TextData, bits_per_byte, evaluate_loss, stdlib_documents
-from ..models.tinygpt import TinyGPT
-from ..modern_layers import swiglu_hidden
-from ..optim import AdamW, cosine_with_warmup
-from ..progress import progress
-from .provenance import record
-from ..train import NonFiniteLossError, train
+from tformer.nn import functional as F
+from tformer.core.atomic import write_json
+from tformer.data.text import TextData, bits_per_byte, evaluate_loss, stdlib_documents
+from tformer.models.tinygpt import TinyGPT
+from tformer.nn.modern_layers import swiglu_hidden
+from tformer.training.optim import AdamW, cosine_with_warmup
+from tformer.core.progress import progress
+from tformer.core.provenance import record
+from tformer.training.train import NonFiniteLossError, train
 
 DEFAULT_OUT = "book/data/modern_ablation.json"
 SESSION_KEYS = ("command", "commit", "dirty", "machine", "python", "numpy", "blas_threads", "load_average_start",
@@ -50,7 +50,7 @@ CONFIG_KEYS = ("d_model", "n_heads", "n_layers", "max_len", "batch_size", "steps
 
 
 def add_arguments(p):
-    from ..runs.flags import add_flag, positive_int
+    from tformer.runs.flags import add_flag, positive_int
     p.add_argument("--out", default=DEFAULT_OUT, help="the JSON file to write")
     p.add_argument("--text", metavar="FILE", default=None,
                    help="train on this file instead of the standard-library corpus")
@@ -81,7 +81,7 @@ def add_arguments(p):
 
 
 def _ratio(text):
-    from ..runs.flags import _number
+    from tformer.runs.flags import _number
     return _number(text, float, "a ratio in [0, 1]", lambda v: 0 <= v <= 1)
 
 
@@ -92,7 +92,7 @@ KV_RUNS = ("gqa", "modern")
 
 def unused_flags(args):
     """``--only`` leaving out every run that reads ``--high-lr`` (or ``--n-kv-heads``)."""
-    from ..runs.flags import idle
+    from tformer.runs.flags import idle
     only = set(args.only or ())
     return [*idle("--high-lr", f"with --only {' '.join(map(repr, args.only or ()))} (it sets the "
                                f"runs {', '.join(map(repr, HIGH_LR_RUNS))})",
@@ -108,8 +108,8 @@ def check_flags(args):
     names configurations, and the largest run fits in memory (``tformer.runs.fits``)."""
     import argparse
 
-    from ..runs.fits import check_fits
-    from ..runs.flags import heads_divide
+    from tformer.runs.fits import check_fits
+    from tformer.runs.flags import heads_divide
     heads_divide(args.d_model, args.n_heads)
     kv = args.n_kv_heads or max(1, args.n_heads // 2)
     if args.n_heads % kv:
@@ -132,7 +132,7 @@ def check_flags(args):
 def check_args(args):
     """``--text`` holds a window of ``--max-len`` in each split; ``--resume``'s ``--out``, if
     there, is a JSON object."""
-    from ..runs.flags import json_object_file, text_file
+    from tformer.runs.flags import json_object_file, text_file
     if args.text:
         text_file(args.text, args.max_len, 0.1)
     if args.resume:
@@ -142,7 +142,7 @@ def check_args(args):
 def files(args):
     """What the command reads and writes (``tformer.runs.declare``): ``--text``; ``--out``
     (read first with ``--resume``)."""
-    from ..runs.declare import reads, updates, writes
+    from tformer.runs.declare import reads, updates, writes
     return [reads("--text", args.text), (updates if args.resume else writes)("--out", args.out)]
 
 

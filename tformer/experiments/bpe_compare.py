@@ -4,7 +4,7 @@ The chapter "Tokens: byte-pair encoding by hand" reads the file. On the Shakespe
 (``tformer.data.shakespeare``, or ``--text FILE``), split as ``run tinygpt`` splits any corpus
 (the last ``--val-fraction`` of each document held out), for every ``--vocab-sizes`` entry V:
 
-- a byte-level BPE tokenizer (``tformer.bpe``) is trained on the *training* split only (V = 256:
+- a byte-level BPE tokenizer (``tformer.data.bpe``) is trained on the *training* split only (V = 256:
   no merge, the bytes themselves), its training time measured; both splits are encoded and the
   bytes per token of each recorded;
 - TinyGPT with ``vocab_size=V`` is trained once per ``--seeds`` entry at equal compute: the same
@@ -29,21 +29,21 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-from .. import functional as F
-from ..atomic import write_json
-from ..bpe import BPETokenizer, most_tokens
-from ..data.text import TextData
-from ..data.tokens import TokenData
-from ..models.tinygpt import TinyGPT
-from ..optim import AdamW
-from ..parallel import get_num_threads
-from ..progress import progress
-from .provenance import record
-from ..schedules import cosine_with_warmup
-from ..runs.fits import check_fits
-from ..runs.flags import UsageError, add_flag, heads_divide, text_file
-from ..runs.declare import reads, writes
-from ..train import train
+from tformer.nn import functional as F
+from tformer.core.atomic import write_json
+from tformer.data.bpe import BPETokenizer, most_tokens
+from tformer.data.text import TextData
+from tformer.data.tokens import TokenData
+from tformer.models.tinygpt import TinyGPT
+from tformer.training.optim import AdamW
+from tformer.core.parallel import get_num_threads
+from tformer.core.progress import progress
+from tformer.core.provenance import record
+from tformer.training.schedules import cosine_with_warmup
+from tformer.runs.fits import check_fits
+from tformer.runs.flags import UsageError, add_flag, heads_divide, text_file
+from tformer.runs.declare import reads, writes
+from tformer.training.train import train
 
 DEFAULT_OUT = "book/data/bpe.json"
 CONFIG_KEYS = ("vocab_sizes", "seeds", "d_model", "n_heads", "n_layers", "max_len", "batch_size",
@@ -121,7 +121,7 @@ def documents(config):
     if config["text"]:
         with open(config["text"], "rb") as f:
             return [(os.path.basename(config["text"]), f.read())]
-    from ..data.shakespeare import shakespeare_documents
+    from tformer.data.shakespeare import shakespeare_documents
     return shakespeare_documents()
 
 

@@ -37,18 +37,19 @@ import time
 
 import numpy as np
 
-from .. import kv_cache, parallel
-from ..atomic import write_json
-from ..generate import sample
-from ..models.tinygpt import TinyGPT
-from ..runs.flags import UsageError, positive_int
-from ..runs.declare import may_read, reads, updates, writes
-from ..samplers import probabilities
-from ..scaling.quantize import dequantized
-from ..speculative import speculative_sample
-from .provenance import load_average, now, record
-from .scaling_sweep import RECIPE, model_config, shape_name, train_model
-from .timing import interleaved
+from tformer.decoding import kv_cache
+from tformer.core import parallel
+from tformer.core.atomic import write_json
+from tformer.decoding.generate import sample
+from tformer.models.tinygpt import TinyGPT
+from tformer.runs.flags import UsageError, positive_int
+from tformer.runs.declare import may_read, reads, updates, writes
+from tformer.decoding.samplers import probabilities
+from tformer.decoding.quantize import dequantized
+from tformer.decoding.speculative import speculative_sample
+from tformer.core.provenance import load_average, now, record
+from tformer.experiments.scaling_sweep import RECIPE, model_config, shape_name, train_model
+from tformer.core.timing import interleaved
 
 DEFAULT_OUT = "book/data/decoding.json"
 DATA = "book/data"
@@ -73,7 +74,7 @@ def draft_path(shape, folder=DATA):
 
 def draft_run(shape, budget, vocab_size, recipe=RECIPE, seed=0):
     """The run of a draft, as the sweep plans one: ``steps = round(budget / (f·B·T))``."""
-    from .scaling_sweep import flops_per_token, run_key, weights
+    from tformer.experiments.scaling_sweep import flops_per_token, run_key, weights
     T, B = recipe["block_size"], recipe["batch_size"]
     f = flops_per_token(shape, vocab_size, T)
     steps = max(1, round(budget / (f * B * T)))
@@ -96,8 +97,8 @@ def train_draft(run, corpus, recipe=RECIPE):
 def ship_draft(model, rec, corpus, path):
     """Write the draft with int8 weights (and its run, its tokenizer's fingerprint) to ``path``;
     the record gains the int8 model's nats per character, the file's path and size."""
-    from ..runs.files import tokenizer_record
-    from ..scaling.quantize import quantize_model, save_quantized
+    from tformer.runs.files import tokenizer_record
+    from tformer.decoding.quantize import quantize_model, save_quantized
     q = quantize_model(copy.deepcopy(model), "w8")
     rec = dict(rec, w8_val_nats_per_char=corpus.nats_per_char(q, rec["block_size"]))
     save_quantized(path, q, step=rec["steps"],
@@ -108,8 +109,8 @@ def ship_draft(model, rec, corpus, path):
 def load_draft(path, vocab_size, block_size):
     """``(model, record)``: a shipped draft (int8), and the run its file records with the file's
     path and size."""
-    from ..checkpoint import read_checkpoint
-    from ..scaling.quantize import load_model
+    from tformer.training.checkpoint import read_checkpoint
+    from tformer.decoding.quantize import load_model
     meta = read_checkpoint(path)[0]
     run = dict(meta["extra"]["run"], tokenizer=meta["extra"]["tokenizer"], path=path,
                bytes=os.path.getsize(path))
@@ -159,7 +160,7 @@ def log_likelihood(model, tokens, start):
 def text_measures(texts, tokens, start, model, vocab):
     """Word share, distinct-1/2/3 (mean over texts) and the model's ln p per token of
     ``tokens[:, start:]``, the tokens that spell ``texts``."""
-    from ..data.words import share, words
+    from tformer.data.words import share, words
     known = total = 0
     for t in texts:
         k, n = share(t, vocab)
@@ -327,7 +328,7 @@ MAX_PROMPTS = 4096
 
 
 def _prompt_count(text):
-    from ..runs.flags import _number
+    from tformer.runs.flags import _number
     return _number(text, int, f"an integer from 1 to {MAX_PROMPTS:,} (prompts cut from the "
                               f"yardstick)", lambda v: 1 <= v <= MAX_PROMPTS)
 
@@ -336,7 +337,7 @@ def files(args):
     """What the command reads and writes (``tformer.runs.declare``): ``--target`` (default: the
     long run's shipped model), the long run's plan, the tokenizer, the sweep (if present), the
     drafts of ``--drafts`` (read, or trained and written there), ``--out``."""
-    from .long_run import DEFAULT_OUT as PLAN, SHIPPED_MODEL, SHIPPED_TOKENIZER
+    from tformer.experiments.long_run import DEFAULT_OUT as PLAN, SHIPPED_MODEL, SHIPPED_TOKENIZER
     if args.target is None:
         model = reads("--target (default: the long run's model)", SHIPPED_MODEL)
         tokenizer = reads("--target's tokenizer (the long run's)", SHIPPED_TOKENIZER)
@@ -359,14 +360,14 @@ def check_flags(args):
 
 def load_target(args):
     """``(model, tokenizer, kind)``: the shipped int8 model, or ``--target``."""
-    from ..bpe import BPETokenizer
-    from .long_run import DEFAULT_OUT as PLAN, SHIPPED_TOKENIZER, load_shipped_model
+    from tformer.data.bpe import BPETokenizer
+    from tformer.experiments.long_run import DEFAULT_OUT as PLAN, SHIPPED_TOKENIZER, load_shipped_model
     if args.target is None:
         model, tok = load_shipped_model("decoding")
         return model, tok, "w8"
     import json
-    from ..runs.files import MALFORMED, load_tokenizer_file
-    from ..scaling.quantize import load_model
+    from tformer.runs.files import MALFORMED, load_tokenizer_file
+    from tformer.decoding.quantize import load_model
     with open(PLAN, encoding="utf-8") as f:
         plan = json.load(f)["plan"]
     model = TinyGPT(**model_config(plan["shape"], plan["vocab_size"], plan["block_size"]), seed=0)
@@ -383,7 +384,7 @@ def load_target(args):
             raise UsageError(f"--tokenizer: expected a tokenizer of the model's "
                              f"{plan['vocab_size']} tokens, got {tok.vocab_size} in {path!r}")
     else:
-        from .scaling_corpus import prepare
+        from tformer.experiments.scaling_corpus import prepare
         tok = prepare(plan["vocab_size"]).tokenizer
     return model.eval(), tok, getattr(model, "quantization", None) or "float32"
 
@@ -416,10 +417,10 @@ def measure_pair(target, drafts, ids, alpha_modes, modes, args):
 
 
 def main(args):
-    from ..data.all_plays import all_plays_data, all_plays_documents, yardstick
-    from ..runs.files import tokenizer_record
-    from .long_run import plays_vocabulary
-    from .scaling_corpus import prepare
+    from tformer.data.all_plays import all_plays_data, all_plays_documents, yardstick
+    from tformer.runs.files import tokenizer_record
+    from tformer.experiments.long_run import plays_vocabulary
+    from tformer.experiments.scaling_corpus import prepare
     t_start, prov = time.perf_counter(), record("decoding")
     target, tok, kind = load_target(args)
     V, T = target.config["vocab_size"], target.max_len

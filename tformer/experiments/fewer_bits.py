@@ -23,31 +23,31 @@ import tracemalloc
 
 import numpy as np
 
-from .. import functional as F
-from .. import parallel
-from .._dtypes import bfloat16, float16, matmul
-from ..atomic import jsonable, write_json
-from ..checkpoint import save_checkpoint
-from ..data.text import encode
-from ..generate import sample
-from ..models.tinygpt import TinyGPT
-from ..optim import AdamW, clip_grad_norm, cosine_with_warmup
-from ..scaling.batch_threads import BatchCut, Replicas
-from ..scaling.precision import precision_policy
-from .provenance import record
-from ..scaling.quantize import quantize_model, save_quantized
-from ..train import train
-from ..runs import tinygpt
-from ..runs.quantize_cmd import float32_weights_bytes, val_bpb
-from ..runs.flags import add_flag, new_tokens, positive_int
-from .timing import best_seconds as _time, interleaved
+from tformer.nn import functional as F
+from tformer.core import parallel
+from tformer.core.dtypes import bfloat16, float16, matmul
+from tformer.core.atomic import jsonable, write_json
+from tformer.training.checkpoint import save_checkpoint
+from tformer.data.text import encode
+from tformer.decoding.generate import sample
+from tformer.models.tinygpt import TinyGPT
+from tformer.training.optim import AdamW, clip_grad_norm, cosine_with_warmup
+from tformer.training.batch_threads import BatchCut, Replicas
+from tformer.training.precision import precision_policy
+from tformer.core.provenance import record
+from tformer.decoding.quantize import quantize_model, save_quantized
+from tformer.training.train import train
+from tformer.runs import tinygpt
+from tformer.runs.quantize_cmd import float32_weights_bytes, val_bpb
+from tformer.runs.flags import add_flag, new_tokens, positive_int
+from tformer.core.timing import best_seconds as _time, interleaved
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 DEFAULT_OUT = "book/data/fewer_bits.json"
 
 
 def batch_cut(model, a):
-    """Did ``train`` cut this run's batches across threads (``tformer.scaling.batch_threads``)?"""
+    """Did ``train`` cut this run's batches across threads (``tformer.training.batch_threads``)?"""
     return Replicas(model).split(a.batch_size, a.max_len) is not None
 
 
@@ -68,7 +68,7 @@ def check_flags(args):
 
 def files(args):
     """What the command writes (``tformer.runs.declare``): ``--out``."""
-    from ..runs.declare import writes
+    from tformer.runs.declare import writes
     return [writes("--out", args.out)]
 
 
@@ -169,7 +169,7 @@ def step_times(argsets, rounds, steps):
     setups = {}
     for name, args in argsets.items():
         data, model, precision, opt = build(args)
-        model = BatchCut(model)                                       # as tformer.train runs it
+        model = BatchCut(model)                                       # as tformer.training.train runs it
         _step(model, precision, opt, data.batch(0), args.clip)        # warm-up
         setups[name] = (model, precision, opt, [data.batch(i) for i in range(steps)], args.clip)
     def run_steps(model, precision, opt, batches, clip):

@@ -1,7 +1,7 @@
 """A measurement in a fresh Python process: ``run_fresh(module, probe, **cfg)`` runs
 ``module.probe(**cfg)`` in a new interpreter with one BLAS thread and one tformer thread, and
 returns its JSON result. Nothing an earlier measurement allocated (NumPy's, glibc's or the
-per-thread scratch buffers of ``tformer.parallel``) is reused or left out of the count.
+per-thread scratch buffers of ``tformer.core.parallel``) is reused or left out of the count.
 """
 import json
 import os

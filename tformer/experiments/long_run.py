@@ -23,10 +23,10 @@ that the law describes the run it predicts.
 **The run.** A progress bar; every ``--eval-every`` steps the nats per character of the yardstick
 (the eight plays' validation text, ``scaling_corpus``) and of a fixed sample of the training split
 (a gap between them is the repetition showing); a checkpoint every ``--checkpoint-every`` steps
-from which ``--resume`` continues bit for bit (``tformer.train``: batches are a function of the
+from which ``--resume`` continues bit for bit (``tformer.training.train``: batches are a function of the
 step); samples at ``TEMPERATURES`` at the end, with the share of their words that are words of
 the plays (``tformer.data.words``). The trained model is shipped with int8 weights
-(``tformer.scaling.quantize``, ``w8``) beside its tokenizer, when the file is at most
+(``tformer.decoding.quantize``, ``w8``) beside its tokenizer, when the file is at most
 ``SHIP_BYTES``: a reader samples from it without training (``load_shipped``).
 """
 import json
@@ -35,21 +35,21 @@ import time
 
 import numpy as np
 
-from .. import parallel
-from ..atomic import write_json
-from ..bpe import BPETokenizer
-from ..checkpoint import load_checkpoint
-from ..data.all_plays import all_plays_documents
-from ..data.words import corpus_words, share
-from ..generate import sample
-from ..runs.declare import beside, reads, updates, writes
-from ..runs.files import MALFORMED, read_checkpoint_file
-from ..runs.flags import UsageError, positive_float, positive_int
-from ..train import train
-from . import scaling_fit as sf
-from .provenance import load_average, now, record
-from .scaling_corpus import prepare
-from .scaling_sweep import (RECIPE, SHAPES, build, flops_per_token, forward_loss, heads,
+from tformer.core import parallel
+from tformer.core.atomic import write_json
+from tformer.data.bpe import BPETokenizer
+from tformer.training.checkpoint import load_checkpoint
+from tformer.data.all_plays import all_plays_documents
+from tformer.data.words import corpus_words, share
+from tformer.decoding.generate import sample
+from tformer.runs.declare import beside, reads, updates, writes
+from tformer.runs.files import MALFORMED, read_checkpoint_file
+from tformer.runs.flags import UsageError, positive_float, positive_int
+from tformer.training.train import train
+from tformer.experiments import scaling_fit as sf
+from tformer.core.provenance import load_average, now, record
+from tformer.experiments.scaling_corpus import prepare
+from tformer.experiments.scaling_sweep import (RECIPE, SHAPES, build, flops_per_token, forward_loss, heads,
                             model_config, schedule, shape_name, token_data, weights)
 
 DEFAULT_SWEEP = "book/data/scaling_sweep.json"
@@ -209,7 +209,7 @@ def files(args):
 def unused_flags(args):
     """``--predict`` makes a plan: the flags of the run do nothing with it (``--no-progress``,
     which only silences, is taken anywhere, as ``--threads`` is)."""
-    from ..runs.flags import idle
+    from tformer.runs.flags import idle
     return idle(["--checkpoint", "--checkpoint-every", "--eval-every", "--ship"],
                 "with --predict (it writes the plan; the run, without --predict, trains)",
                 args.predict)
@@ -453,10 +453,10 @@ def ship(model, corpus, path, val_x, val_y):
     """Write the model with int8 weights (w8) and its tokenizer; their sizes and the w8 model's
     nats/char. A file larger than ``SHIP_BYTES`` is not kept."""
     import copy
-    from ..scaling.quantize import quantize_model, save_quantized
+    from tformer.decoding.quantize import quantize_model, save_quantized
     import shutil
     import tempfile
-    from ..atomic import atomic_open
+    from tformer.core.atomic import atomic_open
     q = quantize_model(copy.deepcopy(model), "w8")
     with tempfile.TemporaryDirectory() as scratch:          # measured before ``path`` is touched
         made = save_quantized(os.path.join(scratch, "w8.npz"), q)
@@ -473,8 +473,8 @@ def ship(model, corpus, path, val_x, val_y):
 
 def load_shipped(path=SHIPPED_MODEL, tokenizer=SHIPPED_TOKENIZER, plan_path=DEFAULT_OUT):
     """``(model, tokenizer)``: the long run's int8 model, for sampling in the lab without training."""
-    from ..models.tinygpt import TinyGPT
-    from ..scaling.quantize import load_model
+    from tformer.models.tinygpt import TinyGPT
+    from tformer.decoding.quantize import load_model
     with open(plan_path, encoding="utf-8") as f:
         plan = json.load(f)["plan"]
     model = TinyGPT(**model_config(plan["shape"], plan["vocab_size"], plan["block_size"]), seed=0)

@@ -31,19 +31,19 @@ import time
 
 import numpy as np
 
-from .. import parallel
-from ..atomic import write_json
-from ..checkpoint import save_checkpoint
-from ..lora import merge_lora
-from ..lora_file import save_adapter
-from ..data.text import decode, encode
-from ..generate import sample
-from ..models.tinygpt import TinyGPT
-from ..optim import AdamW, clip_grad_norm
-from .provenance import load_average, record
-from . import lora_train as L
-from .timing import interleaved
-from ..runs.flags import add_flag
+from tformer.core import parallel
+from tformer.core.atomic import write_json
+from tformer.training.checkpoint import save_checkpoint
+from tformer.nn.lora import merge_lora
+from tformer.training.lora_file import save_adapter
+from tformer.data.text import decode, encode
+from tformer.decoding.generate import sample
+from tformer.models.tinygpt import TinyGPT
+from tformer.training.optim import AdamW, clip_grad_norm
+from tformer.core.provenance import load_average, record
+from tformer.experiments import lora_train as L
+from tformer.core.timing import interleaved
+from tformer.runs.flags import add_flag
 
 DEFAULT_OUT = "book/data/lora.json"
 LORA_TARGETS = ("attn", "all")
@@ -69,7 +69,7 @@ def add_arguments(p):
 
 def files(args):
     """What the command writes (``tformer.runs.declare``): ``--out``."""
-    from ..runs.declare import writes
+    from tformer.runs.declare import writes
     return [writes("--out", args.out)]
 
 
@@ -93,7 +93,7 @@ def methods():
 
 
 def provenance():
-    """The command line, the commit (``tformer.experiments.provenance.record``: git run in the repository's
+    """The command line, the commit (``tformer.core.provenance.record``: git run in the repository's
     root), the machine, the date, the load, and the cores and threads."""
     rec = record("lora")
     rec.update(cores=parallel.available_cores(), threads=parallel.get_num_threads(),

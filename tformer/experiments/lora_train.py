@@ -5,21 +5,21 @@ Shakespeare (``tformer.data.shakespeare``) in one of four ways, all for the same
 same batches for a given seed:
 
 - ``full``: every parameter trained, from the base weights;
-- ``lora``: rank-r adapters on the named linear layers (``tformer.lora``), only A and B trained;
+- ``lora``: rank-r adapters on the named linear layers (``tformer.nn.lora``), only A and B trained;
 - ``scratch``: a fresh TinyGPT of the same shape trained on Shakespeare alone.
 
-Every run goes through the book's one training loop (``tformer.train.train``): AdamW, clipping
+Every run goes through the book's one training loop (``tformer.training.train.train``): AdamW, clipping
 at 1, linear warm-up and cosine decay to a tenth of the peak rate.
 """
 import numpy as np
 
-from .. import functional as F
-from ..data.shakespeare import shakespeare_data
-from ..data.text import TextData, bits_per_byte, evaluate_loss
-from ..lora import Adapters, LoRALinear, _linears, apply_lora
-from ..models.tinygpt import TinyGPT
-from ..optim import AdamW, cosine_with_warmup
-from ..train import train
+from tformer.nn import functional as F
+from tformer.data.shakespeare import shakespeare_data
+from tformer.data.text import TextData, bits_per_byte, evaluate_loss
+from tformer.nn.lora import Adapters, LoRALinear, _linears, apply_lora
+from tformer.models.tinygpt import TinyGPT
+from tformer.training.optim import AdamW, cosine_with_warmup
+from tformer.training.train import train
 
 # The model and batches (TinyGPT's own default width, four heads), and both phases' schedules.
 SHAPE = {"d_model": 64, "n_heads": 4, "n_layers": 2, "max_len": 64}

@@ -1,6 +1,6 @@
 """``python -m tformer many-processes``: the measurements of the chapter "Many processes" (JSON).
 
-It launches ``mpiexec -n 2`` jobs on this host (``tformer.scaling.mpi.launch``; one BLAS thread and
+It launches ``mpiexec -n 2`` jobs on this host (``tformer.training.mpi.launch``; one BLAS thread and
 one tformer thread per rank) and writes one JSON file with the configuration, the git commit and:
 
 - ``allreduce``: the median time of an in-place Allreduce of a float32 buffer of N numbers, for
@@ -24,14 +24,14 @@ import time
 
 import numpy as np
 
-from .. import functional as F
-from ..atomic import write_json
-from ..data.text import TextData, bits_per_byte, evaluate_loss
-from ..scaling.mpi import DataParallel, get_world, launch, local_slice
-from ..models.tinygpt import TinyGPT
-from ..optim import AdamW, cosine_with_warmup
-from .provenance import record
-from ..train import train
+from tformer.nn import functional as F
+from tformer.core.atomic import write_json
+from tformer.data.text import TextData, bits_per_byte, evaluate_loss
+from tformer.training.mpi import DataParallel, get_world, launch, local_slice
+from tformer.models.tinygpt import TinyGPT
+from tformer.training.optim import AdamW, cosine_with_warmup
+from tformer.core.provenance import record
+from tformer.training.train import train
 
 DEFAULT_OUT = "book/data/many_processes.json"
 SIZES = {"small": dict(d_model=128, n_heads=4, n_layers=3),          # the default run's model
@@ -61,7 +61,7 @@ def _buffer_sizes(text):
 
 
 def add_arguments(p):
-    from ..runs.flags import add_flag, positive_int
+    from tformer.runs.flags import add_flag, positive_int
     p.add_argument("--out", default=DEFAULT_OUT, help="the JSON file to write")
     p.add_argument("--lengths", type=_buffer_sizes,
                    default="1000,10000,100000,300000,1000000,3000000",
@@ -81,7 +81,7 @@ def add_arguments(p):
 
 def unused_flags(args):
     """A rank of a job (``--worker``, started by the command itself) reads its spec alone."""
-    from ..runs.flags import idle
+    from tformer.runs.flags import idle
     return idle(["--out", "--lengths", "--reps", "--speed-steps", "--speed-batch", "--repeats",
                  "--curve-steps"], "with --worker (one rank of a job reads its JSON spec)",
                 args.worker is not None)
@@ -92,7 +92,7 @@ def check_flags(args):
     run fits in memory (``tformer.runs.fits``)."""
     if args.worker is not None:
         return
-    from ..runs.fits import check_fits
+    from tformer.runs.fits import check_fits
     if args.speed_batch % 2:
         raise ValueError(f"--speed-batch: expected an even global batch (two ranks share it), "
                          f"got {args.speed_batch}")
@@ -112,7 +112,7 @@ def check_flags(args):
 def files(args):
     """What the command writes (``tformer.runs.declare``): ``--out``; one rank of a job
     (``--worker SPEC``) writes its result to the spec's ``out`` instead."""
-    from ..runs.declare import writes
+    from tformer.runs.declare import writes
     if args.worker is None:
         return [writes("--out", args.out)]
     try:

@@ -24,11 +24,11 @@ import json
 import os
 import time
 
-from ..atomic import write_json
-from ..rss import reset_peak, status_bytes
-from .provenance import record
-from ..runs.flags import nonnegative_int, positive_int
-from .fresh import run_fresh
+from tformer.core.atomic import write_json
+from tformer.core.rss import reset_peak, status_bytes
+from tformer.core.provenance import record
+from tformer.runs.flags import nonnegative_int, positive_int
+from tformer.experiments.fresh import run_fresh
 
 DEFAULT_OUT = "book/data/fitting_in_memory.json"
 SHAPE = dict(B=8, d_model=128, n_heads=4, vocab_size=256)
@@ -75,7 +75,7 @@ MAX_BATCHING_LENGTH = 256
 
 def unused_flags(args):
     """The flags of a part ``--parts`` leaves out (and ``--batching-steps`` under ``--quick``)."""
-    from ..runs.flags import idle
+    from tformer.runs.flags import idle
     parts = set(args.parts)
     return [*idle("--reps", "without --parts memory or overhead (it times their steps)",
                   not parts & {"memory", "overhead"}),
@@ -90,7 +90,7 @@ def unused_flags(args):
 
 def check_args(args):
     """An existing ``--out`` is a result file whose other parts are kept: a JSON object."""
-    from ..runs.flags import json_object_file
+    from tformer.runs.flags import json_object_file
     json_object_file("--out", args.out, "a result of `memory`")
 
 
@@ -108,7 +108,7 @@ def check_flags(args):
 def files(args):
     """What the command reads and writes (``tformer.runs.declare``): ``--out``, whose entries of
     the parts not run are kept (read if it exists)."""
-    from ..runs.declare import updates
+    from tformer.runs.declare import updates
     return [updates("--out", args.out)]
 
 
@@ -117,8 +117,8 @@ def setup(T, L, k, B=8, d_model=128, n_heads=4, vocab_size=256, seed=0):
     training step on fixed random tokens ``(B, T)``."""
     import numpy as np
 
-    from .. import functional as F
-    from ..models.tinygpt import TinyGPT
+    from tformer.nn import functional as F
+    from tformer.models.tinygpt import TinyGPT
     model = TinyGPT(d_model=d_model, n_heads=n_heads, n_layers=L, max_len=T, vocab_size=vocab_size,
                     seed=seed, gradient_checkpointing=k > 0, blocks_per_segment=max(k, 1))
     tokens = np.random.default_rng(seed).integers(0, vocab_size, (B, T + 1))
@@ -209,7 +209,7 @@ def measure(T, L, k, reps=3, **shape):
 
 
 def context():
-    """What every part records (``tformer.experiments.provenance``): the command, the commit, the machine,
+    """What every part records (``tformer.core.provenance``): the command, the commit, the machine,
     the date, the load, the cores."""
     return dict(record("memory"), cpus=os.cpu_count())
 
@@ -240,7 +240,7 @@ def main(args):
     if "overhead" in args.parts:
         result["overhead"] = dict(context(), **overhead_part(args))
     if "batching" in args.parts or "grad_norms" in args.parts:
-        from .memory_batching import batching_key, batching_part, grad_norms_part
+        from tformer.experiments.memory_batching import batching_key, batching_part, grad_norms_part
         if "batching" in args.parts:
             result[batching_key(args)] = dict(context(), **batching_part(args))
         if "grad_norms" in args.parts:

@@ -18,11 +18,11 @@ import time
 
 import numpy as np
 
-from ..data.batching import BucketedTask, SortedTask, counting, default_budget
-from ..data.sequences import PAD, SequenceTask
-from ..models.transformer import Transformer
-from ..optim import Adam, cosine_with_warmup
-from ..train import train
+from tformer.data.batching import BucketedTask, SortedTask, counting, default_budget
+from tformer.data.sequences import PAD, SequenceTask
+from tformer.models.transformer import Transformer
+from tformer.training.optim import Adam, cosine_with_warmup
+from tformer.training.train import train
 
 MODEL = dict(d_model=64, n_heads=4, n_layers=2, d_ff=256, dropout=0.1)
 SAME_ACCURACY = 0.03        # |mean exact match − fixed's| at most this, or the larger seed spread

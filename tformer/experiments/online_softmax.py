@@ -20,11 +20,11 @@ import json
 import os
 import time
 
-from ..atomic import write_json
-from .provenance import machine, record  # noqa: F401 (machine: where earlier code imported it)
-from ..scaling.step_memory import available_bytes as mem_available    # MemAvailable of /proc/meminfo
-from .fresh import run_fresh
-from .timing import interleaved
+from tformer.core.atomic import write_json
+from tformer.core.provenance import machine, record  # noqa: F401 (machine: where earlier code imported it)
+from tformer.training.step_memory import available_bytes as mem_available    # MemAvailable of /proc/meminfo
+from tformer.experiments.fresh import run_fresh
+from tformer.core.timing import interleaved
 
 DEFAULT_OUT = "book/data/online_softmax.json"
 SHAPE = dict(B=4, H=4, D=32)
@@ -38,13 +38,13 @@ MAX_T = 65536
 
 
 def _length(text):
-    from ..runs.flags import _number
+    from tformer.runs.flags import _number
     return _number(text, int, f"an integer ≥ 1 and at most {MAX_T:,} (flash's time grows as T²)",
                    lambda v: 1 <= v <= MAX_T)
 
 
 def add_arguments(p):
-    from ..runs.flags import add_flag, positive_int
+    from tformer.runs.flags import add_flag, positive_int
     p.add_argument("--out", default=DEFAULT_OUT, help="the JSON file to write (parts not run are kept)")
     p.add_argument("--parts", nargs="+", choices=["tiles", "sweep"], default=["tiles", "sweep"],
                    help="tiles: the tile-size sweep; sweep: plain against flash over --lengths")
@@ -61,7 +61,7 @@ def add_arguments(p):
 
 def unused_flags(args):
     """The flags of the part ``--parts`` leaves out."""
-    from ..runs.flags import idle
+    from tformer.runs.flags import idle
     return [*idle(["--tile-T", "--tile-sizes", "--tile-rounds"],
                   "without the tile sweep (--parts tiles)", "tiles" not in args.parts),
             *idle(["--lengths", "--reps"], "without the sweep over lengths (--parts sweep)",
@@ -70,7 +70,7 @@ def unused_flags(args):
 
 def check_args(args):
     """An existing ``--out`` is a result file whose other parts are kept: a JSON object."""
-    from ..runs.flags import json_object_file
+    from tformer.runs.flags import json_object_file
     json_object_file("--out", args.out, "a result of `online-softmax`")
 
 
@@ -84,7 +84,7 @@ def check_flags(args):
 def files(args):
     """What the command reads and writes (``tformer.runs.declare``): ``--out``, whose entries of
     the parts not run are kept (read if it exists)."""
-    from ..runs.declare import updates
+    from tformer.runs.declare import updates
     return [updates("--out", args.out)]
 
 
@@ -97,7 +97,7 @@ def inputs(T, B, H, D, seed=0):
 
 def step_fn(kernel, q, k, v, dy, block_q=None, block_k=None):
     """One forward + backward pass of causal attention with ``kernel`` ("plain" or "flash")."""
-    from .. import functional as F
+    from tformer.nn import functional as F
 
     def step():
         if kernel == "plain":
@@ -138,8 +138,8 @@ def probe_tinygpt(attention, T, B, d_model=128, n_heads=4, n_layers=3, seed=0):
 
     import numpy as np
 
-    from .. import functional as F
-    from ..models.tinygpt import TinyGPT
+    from tformer.nn import functional as F
+    from tformer.models.tinygpt import TinyGPT
     model = TinyGPT(d_model=d_model, n_heads=n_heads, n_layers=n_layers, max_len=T, seed=seed,
                     attention=attention)
     tokens = np.random.default_rng(seed).integers(0, 256, (B, T + 1))

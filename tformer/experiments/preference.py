@@ -6,7 +6,7 @@
 int8 weights turned back into float32 (``scaling.quantize.dequantized``): the reference π_ref, and the
 start of every tuned policy π. **The preference** is iambic pentameter, judged by
 ``tformer.data.meter.scans`` (the CMU Pronouncing Dictionary). **The data**: prompts end inside a
-speech of the 38 plays' training text (``tformer.data.pairs``); the reference writes
+speech of the 38 plays' training text (``tformer.tuning.pairs``); the reference writes
 ``SAMPLES`` next lines for each at temperature 1; on every prompt where the judge says yes to some
 and no to others, yes and no are paired. Every pair comes from the model's own distribution.
 
@@ -34,18 +34,18 @@ import time
 
 import numpy as np
 
-from ..atomic import write_json
-from ..data import pairs as PR
-from ..data.all_plays import all_plays_data, all_plays_documents, yardstick
-from ..data.meter import scans
-from ..kernels.losses import log_softmax
-from ..runs.flags import UsageError, add_flag
-from ..scaling.quantize import dequantized
-from ..runs.declare import reads, writes
-from ..tune import Pairs, objective, tune
-from .long_run import load_shipped, load_shipped_model
-from .provenance import load_average, record
-from .scaling_corpus import token_windows, windows_nats_per_char
+from tformer.core.atomic import write_json
+from tformer.tuning import pairs as PR
+from tformer.data.all_plays import all_plays_data, all_plays_documents, yardstick
+from tformer.data.meter import scans
+from tformer.kernels.losses import log_softmax
+from tformer.runs.flags import UsageError, add_flag
+from tformer.decoding.quantize import dequantized
+from tformer.runs.declare import reads, writes
+from tformer.tuning.tune import Pairs, objective, tune
+from tformer.experiments.long_run import load_shipped, load_shipped_model
+from tformer.core.provenance import load_average, record
+from tformer.experiments.scaling_corpus import token_windows, windows_nats_per_char
 
 DEFAULT_OUT = "book/data/preference.json"
 METHODS = {"dpo-lora": {"loss": "dpo", "kind": "lora"}, "dpo-full": {"loss": "dpo", "kind": "full"},
@@ -75,7 +75,7 @@ def add_arguments(p):
 def files(args):
     """What the command reads and writes (``tformer.runs.declare``): the long run's shipped
     model, its tokenizer and its plan; ``--out`` and ``--pairs-out``."""
-    from .long_run import DEFAULT_OUT as PLAN, SHIPPED_MODEL, SHIPPED_TOKENIZER
+    from tformer.experiments.long_run import DEFAULT_OUT as PLAN, SHIPPED_MODEL, SHIPPED_TOKENIZER
     return [reads("the long run's model", SHIPPED_MODEL), reads("its tokenizer", SHIPPED_TOKENIZER),
             reads("its plan", PLAN), writes("--out", args.out), writes("--pairs-out", args.pairs_out)]
 

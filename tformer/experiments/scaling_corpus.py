@@ -5,7 +5,7 @@
 
 The training split is the first nine tenths of each of the 38 plays (``tformer.data.all_plays``);
 the yardstick is the eight plays' validation text, the characters on which the chapter "TinyGPT
-learns Shakespeare" reports 1.763 nats/char. The tokenizer (``tformer.bpe``, the book's own
+learns Shakespeare" reports 1.763 nats/char. The tokenizer (``tformer.data.bpe``, the book's own
 trainer) learns its merges from the training split only. A loss per token does not compare across
 vocabularies; the same loss summed and divided by the characters the predicted tokens spell does
 (``tformer.data.tokens``), so every run here reports nats per character of the same text.
@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..bpe import BPETokenizer
-from ..data.all_plays import all_plays_data, all_plays_documents, yardstick
-from ..data.text import evaluate_loss
-from ..data.tokens import TokenData
-from .bpe_compare import merges_fingerprint
+from tformer.data.bpe import BPETokenizer
+from tformer.data.all_plays import all_plays_data, all_plays_documents, yardstick
+from tformer.data.text import evaluate_loss
+from tformer.data.tokens import TokenData
+from tformer.experiments.bpe_compare import merges_fingerprint
 
 
 @dataclass

@@ -19,7 +19,7 @@ to targets spread evenly in log from 60 down to 0.6 (``TOKENS_PER_WEIGHT``): Chi
 inside, and the profile reaches far enough either side that the fit, not a guess, finds the
 minimum.
 
-**Resumable.** Every finished run is appended to ``--out`` at once (``tformer.atomic``: whole file
+**Resumable.** Every finished run is appended to ``--out`` at once (``tformer.core.atomic``: whole file
 or old file, never half). A run is named by its ``key`` (vocabulary, context, batch, shape,
 budget, seed, learning rate); a new start reads the file, checks that the corpus, tokenizer and
 recipe are the ones it holds (else it stops, naming the difference) and skips every key there.
@@ -34,20 +34,20 @@ import time
 
 import numpy as np
 
-from .. import functional as F
-from .. import parallel
-from ..atomic import write_json
-from ..bench.flops import train_step_flops
-from ..models.tinygpt import TinyGPT
-from ..optim import AdamW
-from ..progress import progress
-from ..runs.flags import (UsageError, flops, idle, nonnegative_int, positive_int,
+from tformer.nn import functional as F
+from tformer.core import parallel
+from tformer.core.atomic import write_json
+from tformer.bench.flops import train_step_flops
+from tformer.models.tinygpt import TinyGPT
+from tformer.training.optim import AdamW
+from tformer.core.progress import progress
+from tformer.runs.flags import (UsageError, flops, idle, nonnegative_int, positive_int,
                           positive_learning_rate)
-from ..runs.declare import updates
-from ..schedules import cosine_with_warmup
-from ..train import train
-from .provenance import load_average, now, record
-from .scaling_corpus import prepare
+from tformer.runs.declare import updates
+from tformer.training.schedules import cosine_with_warmup
+from tformer.training.train import train
+from tformer.core.provenance import load_average, now, record
+from tformer.experiments.scaling_corpus import prepare
 
 DEFAULT_OUT = "book/data/scaling_sweep.json"
 MAX_VOCAB = 65536
@@ -161,7 +161,7 @@ def forward_loss(model, batch):
 
 def token_data(run, corpus):
     """The batches of a run: ``TokenData`` of the corpus's splits at the run's T, B and seed."""
-    from ..data.tokens import TokenData
+    from tformer.data.tokens import TokenData
     c = corpus.tokens
     return TokenData(c.train, c.val, c.token_lengths, run["block_size"], run["batch_size"],
                      run["seed"])
@@ -302,8 +302,8 @@ def check_args(args):
     if args.sizes > len(args.shapes):
         raise ValueError(f"--sizes: expected at most {len(args.shapes)} (the ladder of --shapes), "
                          f"got {args.sizes}")
-    from ..runs.declare import check
-    from ..runs.flags import json_object_file
+    from tformer.runs.declare import check
+    from tformer.runs.flags import json_object_file
     check(files(args))                   # python -m tformer checked it already; main calls this too
     if not args.plan_only:               # its runs are kept: read before hours of BPE and timing
         json_object_file("--out", args.out, "a scaling-sweep result to resume")

@@ -29,18 +29,18 @@ import time
 
 import numpy as np
 
-from .. import parallel
-from ..atomic import write_json
-from ..data.shakespeare import PLAYS, fingerprint, shakespeare_data, shakespeare_text
-from ..data.text import decode, encode, evaluate_loss
-from ..generate import sample
-from ..models.tinygpt import TinyGPT
-from ..optim import AdamW, cosine_with_warmup
-from ..progress import progress
-from ..runs.flags import add_flag, nonnegative_int, positive_int
-from ..runs.tinygpt import forward_loss
-from ..train import train
-from .provenance import load_average, record
+from tformer.core import parallel
+from tformer.core.atomic import write_json
+from tformer.data.shakespeare import PLAYS, fingerprint, shakespeare_data, shakespeare_text
+from tformer.data.text import decode, encode, evaluate_loss
+from tformer.decoding.generate import sample
+from tformer.models.tinygpt import TinyGPT
+from tformer.training.optim import AdamW, cosine_with_warmup
+from tformer.core.progress import progress
+from tformer.runs.flags import add_flag, nonnegative_int, positive_int
+from tformer.runs.tinygpt import forward_loss
+from tformer.training.train import train
+from tformer.core.provenance import load_average, record
 
 # nanoGPT's CPU run (README) on config/train_shakespeare_char.py, in tformer's names.
 RECIPE = dict(n_layers=4, n_heads=4, d_model=128, block_size=64, batch_size=12, steps=2000,
@@ -66,7 +66,7 @@ def add_arguments(p):
 
 def files(args):
     """What the command writes (``tformer.runs.declare``): ``--out``."""
-    from ..runs.declare import writes
+    from tformer.runs.declare import writes
     return [writes("--out", args.out)]
 
 
@@ -156,7 +156,7 @@ def samples(model, seed):
 def train_torch(seed, steps, data, total=RECIPE["steps"], progress_bar=None):
     """The twin in PyTorch from seed ``seed``'s initial weights, on the same batches and schedule."""
     import torch
-    from ..bench.torch_gpt import from_tinygpt
+    from tformer.bench.torch_gpt import from_tinygpt
     torch.manual_seed(seed)
     torch.set_num_threads(parallel.get_num_threads())
     tm = from_tinygpt(build(seed)[0])
@@ -195,7 +195,7 @@ def train_torch(seed, steps, data, total=RECIPE["steps"], progress_bar=None):
 
 
 def provenance():
-    """What ran, where (``tformer.experiments.provenance.record``: the command line, the commit of this
+    """What ran, where (``tformer.core.provenance.record``: the command line, the commit of this
     repository, the machine, the date, the load), with the CPU, cores and threads named here."""
     rec = record("shakespeare")
     rec.update(cpu=rec["machine"]["cpu"], cores=parallel.available_cores(),

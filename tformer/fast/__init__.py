@@ -2,13 +2,13 @@
 
 Each file here matches a file of ``tformer/kernels/``. The kernel there is the chapter's equation,
 written as the derivation reads; the function here computes the same thing faster: it splits rows
-across threads (``tformer.parallel``), writes into buffers it is given (``out=``) or adds into
+across threads (``tformer.core.parallel``), writes into buffers it is given (``out=``) or adds into
 running gradients (``accumulate=``), multiplies float16/bfloat16 with float32 sums, skips the
 masked tiles of causal attention, shares keys across query heads. Each is listed beside its
 kernel in the appendix "The faster kernels, beside the equations" (and where a chapter teaches
 what makes it faster: Performance, Fewer bits), and ``tests/test_fast_*.py`` (the decode rows:
 ``tests/test_decode.py``) hold each equal to its kernel.
 
-Nothing here checks its arguments: input is checked once, where it enters (``tformer.functional``,
+Nothing here checks its arguments: input is checked once, where it enters (``tformer.nn.functional``,
 the modules, the models, the command line), not in the inner loop of a training step.
 """

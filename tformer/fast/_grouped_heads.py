@@ -7,8 +7,8 @@ import math
 
 import numpy as np
 
-from .. import parallel
-from .._dtypes import matmul
+from tformer.core import parallel
+from tformer.core.dtypes import matmul
 
 
 def group_size(q, k):

@@ -10,9 +10,9 @@ import math
 
 import numpy as np
 
-from .. import parallel
-from .._dtypes import is_low
-from ..kernels.activations import (GELU_C, SQRT_2_OVER_PI, GeluCache, SwishCache, _erf,  # noqa: F401
+from tformer.core import parallel
+from tformer.core.dtypes import is_low
+from tformer.kernels.activations import (GELU_C, SQRT_2_OVER_PI, GeluCache, SwishCache, _erf,  # noqa: F401
                                    relu_backward, relu_forward, sigmoid_backward, swish_backward)
 
 _GELU_A, _GELU_B = -2 * SQRT_2_OVER_PI, -2 * SQRT_2_OVER_PI * GELU_C        # −2u = x (a + b x²)

@@ -3,7 +3,7 @@
 
 What makes it faster:
 
-- the batch is split across ``tformer.parallel`` threads, and S, P and the softmax share one
+- the batch is split across ``tformer.core.parallel`` threads, and S, P and the softmax share one
   ``(..., T_q, T_k)`` array (the softmax is written over the scores);
 - ``is_causal=True`` skips the masked tiles: the queries are taken in tiles of ``_TILE`` = 64 rows,
   and a tile's scores, softmax and products use only the keys up to its last query (with n tiles,
@@ -13,21 +13,21 @@ What makes it faster:
   a zero stride (``_grouped``), and the backward sums the G heads (``_matmul_sum``);
 - ``out=`` buffers (e.g. the heads of a ``(B, T, C)`` array, so that heads come out merged);
 - float16/bfloat16: each product accumulates in float32 and the softmax runs in float32
-  (``tformer._dtypes.matmul``); S, P and y are stored in the input's format;
+  (``tformer.core.dtypes.matmul``); S, P and y are stored in the input's format;
 - the scale multiplies Q (T × D) rather than S (T × T) in the forward, and dQ, dK rather than dS
   in the backward: the same numbers for a pass over T/D times fewer.
 
-No argument checks: ``tformer.functional`` checks once, where input enters.
+No argument checks: ``tformer.nn.functional`` checks once, where input enters.
 """
 import math
 from typing import NamedTuple
 
 import numpy as np
 
-from .. import parallel
-from .._dtypes import compute_dtype, matmul
-from ._grouped_heads import _grouped, _items, _matmul_sum, _rows_of, _split_axis, group_size
-from .softmax import _softmax_backward_inplace, _softmax_inplace, _softmax_shifted_inplace
+from tformer.core import parallel
+from tformer.core.dtypes import compute_dtype, matmul
+from tformer.fast._grouped_heads import _grouped, _items, _matmul_sum, _rows_of, _split_axis, group_size
+from tformer.fast.softmax import _softmax_backward_inplace, _softmax_inplace, _softmax_shifted_inplace
 
 _TILE = 64
 _SHIFTED = (np.dtype(np.float32), np.dtype(np.float64))   # causal softmax shifted by s_ii

@@ -22,12 +22,12 @@ import math
 
 import numpy as np
 
-from .. import parallel
-from .activations import _gelu_tanh_rows
-from .layernorm import _rows as _ln_rows
-from .linear import _MIN_MACS, _rows as _linear_rows
-from ._grouped_heads import _split_axis
-from .softmax import _exp_rows, _softmax_inplace
+from tformer.core import parallel
+from tformer.fast.activations import _gelu_tanh_rows
+from tformer.fast.layernorm import _rows as _ln_rows
+from tformer.fast.linear import _MIN_MACS, forward_rows as _linear_rows
+from tformer.fast._grouped_heads import _split_axis
+from tformer.fast.softmax import _exp_rows, _softmax_inplace
 
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64))   # float16/bfloat16: general path
 

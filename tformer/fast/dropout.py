@@ -4,8 +4,8 @@ Equal to ``tformer.kernels.dropout`` (``tests/test_fast_dropout.py``) for float3
 same draws from the same generator, the scale multiplied into the mask in place. float16/bfloat16:
 the uniform numbers are drawn in float32 (NumPy draws no others), so the masks are those of float32.
 """
-from .._dtypes import compute_dtype
-from ..kernels.dropout import dropout_backward  # noqa: F401 (nothing to make faster: one product)
+from tformer.core.dtypes import compute_dtype
+from tformer.kernels.dropout import dropout_backward  # noqa: F401 (nothing to make faster: one product)
 
 
 def dropout_forward(x, p, rng=None, training=True):

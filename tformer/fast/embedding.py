@@ -6,8 +6,8 @@ pass), instead of ``np.add.at``'s slow unbuffered scatter; float16/bfloat16 sum 
 """
 import numpy as np
 
-from .._dtypes import compute_dtype
-from ..kernels.embedding import embedding_forward  # noqa: F401
+from tformer.core.dtypes import compute_dtype
+from tformer.kernels.embedding import embedding_forward  # noqa: F401
 
 
 # embedding_forward is the kernel's own (imported above): one fancy-indexing gather.

@@ -25,9 +25,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import parallel
-from .._dtypes import compute_dtype
-from ._grouped_heads import _grouped, _matmul_sum, _split_axis, group_size
+from tformer.core import parallel
+from tformer.core.dtypes import compute_dtype
+from tformer.fast._grouped_heads import _grouped, _matmul_sum, _split_axis, group_size
 
 #: Query tile size (rows of Q per step). BLOCK_Q × BLOCK_K was chosen from the 5 × 5 pairs of
 #: 32 … 512 measured by ``python -m tformer online-softmax --parts tiles`` (book/data/
@@ -344,7 +344,7 @@ def _up(a, buf):
 def _prepare(q, k, mask, scale):
     """(G, scale, blocked, additive): the query heads per key/value head, the scale (1/√D unless
     given), and the mask split into a boolean "blocked" or an additive float array (each broadcast
-    to the scores' shape as a view, or None). The arguments were checked by ``tformer.functional``."""
+    to the scores' shape as a view, or None). The arguments were checked by ``tformer.nn.functional``."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     scores = (*q.shape[:-1], k.shape[-2])                               # (..., T_q, T_k)
     if mask is None:

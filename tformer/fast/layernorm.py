@@ -8,9 +8,9 @@ matrix-vector product with (1/C, ..., 1/C), and dγ, dβ run as two tasks side b
 """
 import numpy as np
 
-from .. import parallel
-from .._dtypes import is_low
-from ..kernels.layernorm import LayerNormCache
+from tformer.core import parallel
+from tformer.core.dtypes import is_low
+from tformer.kernels.layernorm import LayerNormCache
 
 
 def layernorm_forward(x, gamma, beta, eps=1e-5):

@@ -1,17 +1,17 @@
 """Y = X W + b and its gradients dX = dY Wᵀ, dW = Xᵀ dY, db = Σ_rows dY: the faster version of
 ``tformer.kernels.linear`` (same results; ``tests/test_fast_linear.py`` holds them equal).
 
-What makes it faster: the rows are split across ``tformer.parallel`` threads, y is written into a
+What makes it faster: the rows are split across ``tformer.core.parallel`` threads, y is written into a
 buffer it is given (``out=``), dW and db are added into the running gradients inside the thread
 that computed them (``accumulate=``), dX and dW run side by side, and float16/bfloat16 products
-accumulate in float32 (``tformer._dtypes.matmul``). No argument checks: ``tformer.functional``
+accumulate in float32 (``tformer.core.dtypes.matmul``). No argument checks: ``tformer.nn.functional``
 checks once, where input enters.
 """
 import numpy as np
 
-from .. import parallel
-from .._dtypes import matmul
-from ..kernels.linear import LinearCache
+from tformer.core import parallel
+from tformer.core.dtypes import matmul
+from tformer.kernels.linear import LinearCache
 
 # Split a product by rows only when each part has at least this many multiply-adds: below
 # it the hand-off to another thread costs more than it saves. 2M multiply-adds take about
@@ -33,12 +33,12 @@ def linear_forward(x, W, b=None, out=None):
     else:
         y = out.reshape(x2.shape[0], W.shape[1])        # a view: written through
 
-    parallel.parallel_for(lambda lo, hi: _rows(x2[lo:hi], W, b, y[lo:hi]), x2.shape[0],
+    parallel.parallel_for(lambda lo, hi: forward_rows(x2[lo:hi], W, b, y[lo:hi]), x2.shape[0],
                           grain=-(-_MIN_MACS // W.size))
     return y.reshape(shape), LinearCache(x, W, b is not None)
 
 
-def _rows(x2, W, b, y):
+def forward_rows(x2, W, b, y):
     """y = x2 W + b for a block of rows ``x2: (n, C_in)``, written into ``y: (n, C_out)``."""
     matmul(x2, W, out=y)
     if b is not None:

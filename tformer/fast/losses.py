@@ -9,8 +9,8 @@ Non-finite logits raise FloatingPointError.
 """
 import numpy as np
 
-from .. import parallel
-from .._dtypes import is_low
+from tformer.core import parallel
+from tformer.core.dtypes import is_low
 
 
 def mse_loss(y, target, reduction="mean"):
@@ -44,7 +44,7 @@ def cross_entropy(logits, targets, ignore_index=None):
     Shapes: ``logits: (..., V)``, ``targets: (...)`` integers in [0, V)  ->  ``(loss: float, dlogits: like logits)``.
     float16/bfloat16 logits: the loss is computed in float32 and ``dlogits`` is returned in float32.
     Its entries are about p/N, far below float16's smallest normal number for N in the thousands:
-    rounded now, most would vanish. Mixed-precision training (``tformer.scaling.precision``) multiplies it
+    rounded now, most would vanish. Mixed-precision training (``tformer.training.precision``) multiplies it
     by the loss scale first and then rounds it to the model's format.
     """
     if is_low(logits.dtype):

@@ -7,9 +7,9 @@ float16/bfloat16: computed in float32 on upcast copies, as LayerNorm.
 """
 import numpy as np
 
-from .. import parallel
-from .._dtypes import is_low
-from ..kernels.rmsnorm import RMSNormCache
+from tformer.core import parallel
+from tformer.core.dtypes import is_low
+from tformer.kernels.rmsnorm import RMSNormCache
 
 
 def rmsnorm_forward(x, gamma, eps=1e-6):

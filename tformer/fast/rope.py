@@ -9,8 +9,8 @@ import math
 
 import numpy as np
 
-from .. import parallel
-from ..kernels.rope import RopeCache, position_values, rope_angles
+from tformer.core import parallel
+from tformer.kernels.rope import RopeCache, position_values, rope_angles
 
 
 def rope_forward(x, positions=None, base=10000.0):

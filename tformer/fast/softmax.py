@@ -8,8 +8,8 @@ in float32. Defined edge cases: a row that is −inf everywhere gives zeros; NaN
 """
 import numpy as np
 
-from .._dtypes import is_low
-from ..kernels.softmax import SoftmaxCache
+from tformer.core.dtypes import is_low
+from tformer.kernels.softmax import SoftmaxCache
 
 
 def softmax_forward(x, axis=-1):

@@ -9,8 +9,8 @@ import math
 
 import numpy as np
 
-from .. import parallel
-from ..kernels.swiglu import SwiGLUCache
+from tformer.core import parallel
+from tformer.kernels.swiglu import SwiGLUCache
 
 
 def _split(fn, x):

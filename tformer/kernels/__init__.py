@@ -1,1 +1,1 @@
-"""The kernels, one equation per file; ``tformer.functional`` gathers them into one namespace."""
+"""The kernels, one equation per file; ``tformer.nn.functional`` gathers them into one namespace."""

@@ -1,7 +1,7 @@
 """Linear layer kernel: Y = X W + b, and its three gradients, as the linear chapter derives them.
 
 The layers call the faster version ``tformer.fast.linear`` (threads, ``out=``, ``accumulate=``,
-float16/bfloat16), through ``tformer.functional``; ``tests/test_fast_linear.py`` holds it equal to
+float16/bfloat16), through ``tformer.nn.functional``; ``tests/test_fast_linear.py`` holds it equal to
 this one.
 """
 from typing import NamedTuple

@@ -11,11 +11,11 @@
 ``OneHeadLM`` (``one_head.py``) is none of the five: the whole picture of the first chapter, a
 byte-level language model with one causal attention head.
 """
-from .attention_layer import AttentionLayer
-from .encoder import Encoder
-from .one_head import OneHeadLM
-from .tinygpt import TinyGPT
-from .transformer import Transformer
-from .two_layer import TwoLayerTransformer
+from tformer.models.attention_layer import AttentionLayer
+from tformer.models.encoder import Encoder
+from tformer.models.one_head import OneHeadLM
+from tformer.models.tinygpt import TinyGPT
+from tformer.models.transformer import Transformer
+from tformer.models.two_layer import TwoLayerTransformer
 
 __all__ = ["AttentionLayer", "TwoLayerTransformer", "Transformer", "Encoder", "TinyGPT", "OneHeadLM"]

@@ -5,14 +5,14 @@
     Y = A V W_o                                       (B, T, d)
 
 trained with L = ½‖Y − Y_true‖² (so ∂L/∂Y = Y − Y_true) and AdamW with ε inside the square root.
-The layer is ``tformer.attention.MultiHeadAttention`` with one head and no biases: with H = 1 the
+The layer is ``tformer.nn.attention.MultiHeadAttention`` with one head and no biases: with H = 1 the
 head size is D = d_model, so its default scale 1/√D is the layer's 1/√d_model.
 """
 import numpy as np
 
-from .._validate import sequences, upstream
-from ..attention import MultiHeadAttention
-from ..layers import Module
+from tformer.core.validate import sequences, upstream
+from tformer.nn.attention import MultiHeadAttention
+from tformer.nn.layers import Module
 
 # the layer's symbols -> qualified parameter names of ``named_parameters()``
 SYMBOLS = {"W_q": "attn.q.W", "W_k": "attn.k.W", "W_v": "attn.v.W", "W_o": "attn.o.W"}
@@ -25,7 +25,7 @@ class AttentionLayer(Module):
     U(−1/√d_model, 1/√d_model), or N(0, init_std²) when ``init_std`` is given. After a forward pass
     ``att`` holds the attention probabilities A, ``(B, T, T)``.
 
-    Input checks (``tformer._validate.sequences``): ``x`` must be a float array of 3 axes, of the
+    Input checks (``tformer.core.validate.sequences``): ``x`` must be a float array of 3 axes, of the
     weights' dtype, with last axis d_model, B ≥ 1, T ≥ 1 and no NaN or ±inf; else ValueError or
     TypeError naming ``x``. There is no positional table, so any T ≥ 1 is accepted (the scores
     are (B, T, T): memory grows as T²). ``backward`` needs a forward pass first (RuntimeError) and

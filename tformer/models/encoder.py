@@ -11,23 +11,23 @@ mean squared error ``L = ‖Ŷ − X‖² / (B·T·d)`` (``F.mse_loss``, reducti
 """
 import numpy as np
 
-from .._validate import attention_mask, sequences, upstream
-from ..blocks import PostNormBlock
-from ..layers import Module, ModuleList, SinusoidalPositions
+from tformer.core.validate import attention_mask, sequences, upstream
+from tformer.nn.blocks import PostNormBlock
+from tformer.nn.layers import Module, ModuleList, SinusoidalPositions
 
 
 class Encoder(Module):
     """O = Encoder(X): ``x: (B, T, d_model)`` floats -> ``O: (B, T, d_model)``.
 
-    ``n_layers`` post-LN blocks (``tformer.blocks.PostNormBlock``, ReLU FFN, biases) after the
+    ``n_layers`` post-LN blocks (``tformer.nn.blocks.PostNormBlock``, ReLU FFN, biases) after the
     sinusoidal positions; ``max_len`` bounds T. ``backward(dO)`` accumulates every parameter's
     gradient and returns ``dX`` (the positional table is a constant, so dX = dH_0).
 
     Input checks, before any work: ``x`` must be a float array of 3 axes, of the model's dtype,
-    with last axis d_model, B ≥ 1, 1 ≤ T ≤ max_len and no NaN or ±inf (``_validate.sequences``);
+    with last axis d_model, B ≥ 1, 1 ≤ T ≤ max_len and no NaN or ±inf (``validate.sequences``);
     ``mask``, boolean (True = may attend) or additive float (−inf blocks; no NaN or +inf), must
     broadcast to the scores (B, H, T, T), e.g. a padding mask (B, 1, 1, T)
-    (``_validate.attention_mask``). Each failure is a ValueError or TypeError naming ``x`` or
+    (``validate.attention_mask``). Each failure is a ValueError or TypeError naming ``x`` or
     ``mask``. A query whose keys are all masked gets a zero attention output, not NaN.
     ``backward`` needs a forward pass first (RuntimeError) and ``dout`` of the output's shape and dtype.
     """

@@ -11,9 +11,9 @@ predicts the next byte from the bytes before it. Each piece is a layer of the bo
 """
 import numpy as np
 
-from .. import functional as F
-from .._validate import index_range, token_batch, upstream
-from ..layers import Embedding, Linear, Module
+from tformer.nn import functional as F
+from tformer.core.validate import index_range, token_batch, upstream
+from tformer.nn.layers import Embedding, Linear, Module
 
 
 class OneHeadLM(Module):

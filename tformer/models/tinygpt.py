@@ -10,13 +10,13 @@ piece each; their defaults are TinyGPT's.
 """
 import numpy as np
 
-from .. import functional as F
-from .._validate import index_range, int_array
-from ..attention import check_attention
-from ..blocks import BlockStack, PostNormGPTBlock, PreNormBlock, modern_parts
-from ..layers import Embedding, Linear, Module
-from ..modern_layers import NORMS, TiedLinear, norm_layer
-from ..scaling.recompute import Recompute, check_checkpointing
+from tformer.nn import functional as F
+from tformer.core.validate import index_range, int_array
+from tformer.nn.attention import check_attention
+from tformer.nn.blocks import BlockStack, PostNormGPTBlock, PreNormBlock, modern_parts
+from tformer.nn.layers import Embedding, Linear, Module
+from tformer.nn.modern_layers import NORMS, TiedLinear, norm_layer
+from tformer.nn.recompute import Recompute, check_checkpointing
 
 POSITIONS = ("learned", "sinusoidal", "rope")
 MLPS = ("gelu", "relu", "swiglu")
@@ -36,7 +36,7 @@ class TinyGPT(Module):
     - ``mlp``: ``"gelu"``, ``"relu"`` or ``"swiglu"``. The hidden width is ``d_ff`` (default 4C) for
       all three. SwiGLU has three C × d_ff matrices instead of two: to compare at the same
       parameter budget pass ``d_ff=swiglu_hidden(4 * d_model)``, i.e. 2/3 · 4C
-      (``tformer.modern_layers.swiglu_hidden``).
+      (``tformer.nn.modern_layers.swiglu_hidden``).
     - ``n_kv_heads``: key/value heads of grouped-query attention (default ``n_heads``: multi-head).
     - ``tie_embeddings``: the LM head's weight is W_teᵀ (``TiedLinear``, keeping its bias b_lm);
       W_te's gradient then sums its two uses.
@@ -51,15 +51,15 @@ class TinyGPT(Module):
     T × T": the same model and the same results up to rounding, in O(T) memory per head instead
     of O(T²)).
 
-    ``gradient_checkpointing=True``: the stack of blocks is a ``tformer.scaling.recompute.Recompute``
+    ``gradient_checkpointing=True``: the stack of blocks is a ``tformer.nn.recompute.Recompute``
     ("Fitting in memory"): in training each segment of ``blocks_per_segment`` blocks keeps only its
     input and recomputes its forward pass during the backward; the same gradients bit for bit,
     less memory, one more forward pass of the blocks. ``forward`` and ``backward`` are the same
     either way.
 
     How the model is run is decided outside it: the batch cut across threads
-    (``tformer.scaling.batch_threads.BatchCut``, which ``tformer.train`` wraps around it), and
-    decoding with a KV cache (``tformer.kv_cache``, through each layer's own arithmetic).
+    (``tformer.training.batch_threads.BatchCut``, which ``tformer.training.train`` wraps around it), and
+    decoding with a KV cache (``tformer.decoding.kv_cache``, through each layer's own arithmetic).
 
     Everything is kept in ``model.config`` (and so in checkpoints), with ``d_ff`` and
     ``n_kv_heads`` resolved to numbers.
@@ -125,7 +125,7 @@ class TinyGPT(Module):
 
         W_pe[start:start+T] is the same (T, C) block for every sequence: it is added by
         broadcasting instead of being gathered B times (its gradient is a sum over the batch).
-        ``start``: positions already in a KV cache (``tformer.kv_cache``)."""
+        ``start``: positions already in a KV cache (``tformer.decoding.kv_cache``)."""
         T = tokens.shape[1]
         x = self.wte(tokens)                                            # (B, T, C), a gather
         if self.wpe is not None:

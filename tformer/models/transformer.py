@@ -18,12 +18,12 @@ checkpoint (which stores ``model.rng``'s state) resumes a run bit for bit.
 """
 import numpy as np
 
-from .. import functional as F
-from .._validate import attention_mask, index_range, token_batch, upstream
-from ..attention import check_attention
-from ..blocks import BlockStack, PostNormBlock
-from ..layers import Dropout, Embedding, LayerNorm, Linear, Module, SinusoidalPositions
-from ..scaling.recompute import Recompute, check_checkpointing
+from tformer.nn import functional as F
+from tformer.core.validate import attention_mask, index_range, token_batch, upstream
+from tformer.nn.attention import check_attention
+from tformer.nn.blocks import BlockStack, PostNormBlock
+from tformer.nn.layers import Dropout, Embedding, LayerNorm, Linear, Module, SinusoidalPositions
+from tformer.nn.recompute import Recompute, check_checkpointing
 
 
 def parameter_count(vocab_size, d_model, n_layers, d_ff):
@@ -109,7 +109,7 @@ class Transformer(Module):
         return logits
 
     def _check_input(self, tokens, padding_mask):
-        """``forward``'s checks, before any work (``tformer._validate``); returns the padding mask
+        """``forward``'s checks, before any work (``tformer.core.validate``); returns the padding mask
         to apply (the given one or pad_idx's).
 
         ``tokens`` must be an integer array (B, T) with B ≥ 1 and 1 ≤ T ≤ max_len (``token_batch``;

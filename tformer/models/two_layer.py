@@ -9,15 +9,15 @@ For each layer l = 1, 2 (X_0 = X, Y = X_2):
     X_l = S'_l W_{2,l} + Z̃_l                                                   (B, T, d)
 
 trained with L = ½‖Y − Y_true‖² and AdamW with ε inside the square root. Each layer is a
-``tformer.blocks.ResidualBlock`` (single head, swish, ``bias=False``). The width of W_1 is a
+``tformer.nn.blocks.ResidualBlock`` (single head, swish, ``bias=False``). The width of W_1 is a
 free choice; here ``d_ff`` defaults to 4·d, the usual choice.
 """
 import numpy as np
 
-from .._validate import sequences, upstream
-from ..attention import MultiHeadAttention
-from ..blocks import ResidualBlock
-from ..layers import Module, ModuleList
+from tformer.core.validate import sequences, upstream
+from tformer.nn.attention import MultiHeadAttention
+from tformer.nn.blocks import ResidualBlock
+from tformer.nn.layers import Module, ModuleList
 
 # the equations' symbols (layer l = 1, 2) -> qualified parameter names of ``named_parameters()``
 SYMBOLS = {f"{sym},{l}": f"blocks.{l - 1}.{name}" for l in (1, 2) for sym, name in
@@ -34,7 +34,7 @@ class TwoLayerTransformer(Module):
     comparisons; the two-layer transformer has them.
     After a forward pass ``att`` holds ``[A_1, A_2]``, each ``(B, T, T)``.
 
-    Input checks (``tformer._validate.sequences``): ``x`` must be a float array of 3 axes, of the
+    Input checks (``tformer.core.validate.sequences``): ``x`` must be a float array of 3 axes, of the
     weights' dtype, with last axis d_model, B ≥ 1, T ≥ 1 and no NaN or ±inf; else ValueError or
     TypeError naming ``x``. No positional table: any T ≥ 1 is accepted. ``backward`` needs a
     forward pass first (RuntimeError) and ``dy`` of the output's shape and dtype.

@@ -1,1 +1,1 @@
-"""Command-line runs, one module per system: each defines ``add_arguments(parser)`` and ``main(args)``."""
+"""The commands: python -m tformer run SYSTEM, generate, quantize, finetune (one flag vocabulary); each module defines ``add_arguments(parser)``, ``main(args)`` and ``files(args)``, what it reads and writes."""

@@ -1,7 +1,7 @@
 """``python -m tformer run attention``: the single attention layer on the copy-max task.
 
 Trains ``AttentionLayer`` with L = ½‖Y − Y_true‖² and AdamW (ε inside the square root) through
-``tformer.train.train``, then prints the final training loss and the held-out loss and accuracy
+``tformer.training.train.train``, then prints the final training loss and the held-out loss and accuracy
 (the share of output rows whose nearest input row is the one with the largest first feature).
 ``add_common_arguments`` and ``fit`` are shared with ``python -m tformer run transformer2``.
 """
@@ -9,11 +9,11 @@ import time
 
 import numpy as np
 
-from ..data.copy_max import copy_max_batch, evaluate, half_sum_loss, held_out
-from ..models.attention_layer import AttentionLayer
-from ..optim import AdamW
-from ..train import train
-from .flags import (add_flag, nonnegative_int, positive_float, positive_int,
+from tformer.data.copy_max import copy_max_batch, evaluate, half_sum_loss, held_out
+from tformer.models.attention_layer import AttentionLayer
+from tformer.training.optim import AdamW
+from tformer.training.train import train
+from tformer.runs.flags import (add_flag, nonnegative_int, positive_float, positive_int,
                     weight_decay)
 
 DEFAULTS = dict(d_model=16, seq_len=8, batch_size=32, steps=3000, lr=3e-3)
@@ -49,7 +49,7 @@ def add_arguments(parser):
 def check_flags(args):
     """The batch's activations (B·T·C, B·T·T, and the held-out batches of 64) fit in memory.
     The two-layer transformer's run shares it."""
-    from .flags import activation_fits
+    from tformer.runs.flags import activation_fits
     for B in (args.batch_size, 64 * args.eval_batches):
         activation_fits("--batch-size, --seq-len, --d-model, --eval-batches",
                         (B, args.seq_len, max(args.d_model, args.seq_len)))
@@ -100,7 +100,7 @@ def _run_config(args):
 def files(args):
     """What the run writes (``tformer.runs.declare``): ``--checkpoint`` (at the end), ``--log``.
     The two-layer transformer's run shares it."""
-    from .declare import writes
+    from tformer.runs.declare import writes
     return [writes("--checkpoint", args.checkpoint), writes("--log", getattr(args, "log", None))]
 
 

@@ -30,7 +30,7 @@ import os
 import stat
 from typing import NamedTuple
 
-from ..atomic import unwritable
+from tformer.core.atomic import unwritable
 
 READS, MAY_READ, WRITES, UPDATES = "reads", "may read", "writes", "updates"
 
@@ -86,7 +86,7 @@ def beside(path, name):
 
 
 def resolved(path):
-    """Where a write of ``path`` lands: symlinks followed (``tformer.atomic`` replaces the file a
+    """Where a write of ``path`` lands: symlinks followed (``tformer.core.atomic`` replaces the file a
     symlink points to, not the link)."""
     return os.path.realpath(path)
 

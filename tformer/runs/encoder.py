@@ -10,11 +10,11 @@ wall time.
 """
 import time
 
-from ..data.reconstruction import ReconstructionData, forward_loss, mse
-from ..models.encoder import Encoder
-from ..optim import Adam
-from ..train import train
-from .flags import Deprecated, add_flag, heads_divide, nonnegative_float, nonnegative_int, positive_int
+from tformer.data.reconstruction import ReconstructionData, forward_loss, mse
+from tformer.models.encoder import Encoder
+from tformer.training.optim import Adam
+from tformer.training.train import train
+from tformer.runs.flags import Deprecated, add_flag, heads_divide, nonnegative_float, nonnegative_int, positive_int
 
 HEADLINE_MSE = 0.0043          # the source's "Final MSE Loss" after 500 epochs
 
@@ -53,7 +53,7 @@ def add_arguments(parser):
 
 def files(args):
     """What the run writes (``tformer.runs.declare``): ``--log``."""
-    from .declare import writes
+    from tformer.runs.declare import writes
     return [writes("--log", getattr(args, "log", None))]
 
 
@@ -74,7 +74,7 @@ def run(layers=2, d_model=64, heads=4, d_ff=256, epochs=500, lr=1e-3, batch_size
     ``steps``: optimizer steps instead of ``epochs`` whole passes (evaluated after every epoch
     and at the last step; an epoch is ``steps_per_epoch`` steps).
 
-    Keys: ``model``, ``data``, ``history`` (from ``tformer.train.train``), ``epochs`` and
+    Keys: ``model``, ``data``, ``history`` (from ``tformer.training.train.train``), ``epochs`` and
     ``train_mse`` / ``test_mse`` (one entry per epoch, measured after it), ``crossed`` (the first
     epoch with training MSE ≤ ``target``, or None), ``final_mse``, ``final_test_mse``, ``seconds``.
     """

@@ -7,18 +7,18 @@
 - ``load_tinygpt_file``: a TinyGPT rebuilt from a float or an int8 checkpoint (``generate``);
 - ``load_adapter_file``: a LoRA adapter put on its base and merged (``generate --adapter``), its
   meta complete, its weights and the merged weights finite;
-- ``load_tokenizer_file``: a BPE tokenizer file (``tformer.bpe``).
+- ``load_tokenizer_file``: a BPE tokenizer file (``tformer.data.bpe``).
 
 A file's content is data from outside: a KeyError, TypeError or RecursionError while reading it
 means the file is malformed, never a bug to show as a traceback.
 """
 import numpy as np
 
-from ..bpe import BPETokenizer
-from ..checkpoint import read_checkpoint, read_npz
-from ..models.tinygpt import TinyGPT
-from ..scaling.quantize import load_model
-from .flags import UsageError
+from tformer.data.bpe import BPETokenizer
+from tformer.training.checkpoint import read_checkpoint, read_npz
+from tformer.models.tinygpt import TinyGPT
+from tformer.decoding.quantize import load_model
+from tformer.runs.flags import UsageError
 
 MALFORMED = (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError,
              MemoryError, OverflowError)
@@ -155,8 +155,8 @@ def load_adapter_file(flag, path, model, base_flag="--checkpoint", base_path=Non
     """The adapters of ``path`` on ``model`` (their base), merged; a UsageError naming ``flag``
     if the file is not an adapter, is incomplete, holds non-finite numbers, was trained on
     another base, or merges into non-finite weights."""
-    from ..lora import merge_lora
-    from ..lora_file import load_adapter
+    from tformer.nn.lora import merge_lora
+    from tformer.training.lora_file import load_adapter
     expected = f"a LoRA adapter file trained on {base_flag} {base_path!r}"
     try:
         with np.errstate(over="ignore", invalid="ignore"):  # too large: said below, once

@@ -3,19 +3,19 @@
 ``--base CHECKPOINT`` starts from a trained TinyGPT instead of a random one (its shape comes from
 the checkpoint; a model flag that says otherwise is a usage error); alone, every parameter is
 trained (full fine-tuning). ``--lora R`` trains rank-R adapters on the layers named by ``--lora-targets``
-(``tformer.lora``) and nothing else: the optimizer, the gradient clipping and ``--checkpoint``
+(``tformer.nn.lora``) and nothing else: the optimizer, the gradient clipping and ``--checkpoint``
 (which ``--resume`` continues) hold the adapters only, and at the end ``--adapter`` receives the
-adapter file (``tformer.lora_file``: A, B, r, α, the targets and the base's fingerprint).
+adapter file (``tformer.training.lora_file``: A, B, r, α, the targets and the base's fingerprint).
 ``python -m tformer generate --checkpoint BASE --adapter FILE`` puts the adapters on their base,
 merges them (W ← W + s A B) and samples at the base model's speed.
 """
 import os
 
-from ..checkpoint import load_checkpoint
-from ..lora import Adapters, apply_lora, fingerprint, resolve_targets
-from ..lora_file import save_adapter
-from .files import MALFORMED, load_adapter_file, read_checkpoint_file
-from .flags import UsageError, lora_alpha, positive_int
+from tformer.training.checkpoint import load_checkpoint
+from tformer.nn.lora import Adapters, apply_lora, fingerprint, resolve_targets
+from tformer.training.lora_file import save_adapter
+from tformer.runs.files import MALFORMED, load_adapter_file, read_checkpoint_file
+from tformer.runs.flags import UsageError, lora_alpha, positive_int
 
 # What --base sets from the base checkpoint's config: the model's shape and block.
 SHAPE_FLAGS = {"d_model": "d_model", "n_heads": "n_heads", "n_layers": "n_layers",
@@ -140,7 +140,7 @@ def prepare(args, model):
     print(f"base model: {args.base} (fingerprint {fingerprint(model)[:12]})")
     if args.lora is None:
         return model
-    from ..scaling.mpi import get_world
+    from tformer.training.mpi import get_world
     if get_world().size > 1:
         raise UsageError("--lora: runs in one process (the adapters' gradients are a few "
                          "kilobytes); expected no mpiexec")

@@ -6,9 +6,9 @@ fine-tuning on the chosen responses (SFT), all weights or LoRA adapters.
     --sft:  L = −(1/Σ|y_w|) Σ_i Σ_t log π(y_w,t | x, y_w,<t)      (the rejected responses unused)
 
 π_ref is the model read from ``--checkpoint``, π the model tuned from it; log π(y|x) sums over the
-response's tokens. ``tformer.tune`` does the work through the book's one training loop (AdamW,
+response's tokens. ``tformer.tuning.tune`` does the work through the book's one training loop (AdamW,
 clipping at 1, warm-up over a tenth of the steps, cosine to a tenth of the peak rate, weight decay
-0); ``tformer.dpo`` holds DPO's loss and its gradient, derived by hand.
+0); ``tformer.tuning.dpo`` holds DPO's loss and its gradient, derived by hand.
 
     python -m tformer finetune (--dpo PAIRS | --sft PAIRS) [--checkpoint MODEL] [--tokenizer TOK]
         --out OUT [--lora R] [--lora-alpha A] [--lora-targets T] [--steps N] [--lr LR]
@@ -36,18 +36,18 @@ import os
 
 import numpy as np
 
-from ..checkpoint import save_checkpoint
-from ..data.text import encode as byte_encode
-from ..lora import Adapters, merge_lora
-from ..scaling.quantize import dequantized
-from ..tune import margins, objective, tune
-from .files import (MALFORMED, check_tokenizer, load_tinygpt_file, load_tokenizer_file,
+from tformer.training.checkpoint import save_checkpoint
+from tformer.data.text import encode as byte_encode
+from tformer.nn.lora import Adapters, merge_lora
+from tformer.decoding.quantize import dequantized
+from tformer.tuning.tune import margins, objective, tune
+from tformer.runs.files import (MALFORMED, check_tokenizer, load_tinygpt_file, load_tokenizer_file,
                     read_checkpoint_file, tokenizer_record)
-from .flags import (UsageError, _number, add_flag, dpo_beta, lora_alpha, nonnegative_int,
+from tformer.runs.flags import (UsageError, _number, add_flag, dpo_beta, lora_alpha, nonnegative_int,
                     positive_int, positive_learning_rate)
-from .finetune import checked_targets
-from .pairs_file import read_pairs
-from .declare import reads, writes
+from tformer.runs.finetune import checked_targets
+from tformer.runs.pairs_file import read_pairs
+from tformer.runs.declare import reads, writes
 
 DEFAULT_CHECKPOINT = "book/data/long_run_w8.npz"         # tformer.experiments.long_run's shipped
 DEFAULT_TOKENIZER = "book/data/long_run_tokenizer.json"  # model and tokenizer
@@ -109,7 +109,7 @@ def files(args):
     args.pairs_flag = f"--{args.loss}"
     if args.tokenizer is None and args.checkpoint == DEFAULT_CHECKPOINT:
         args.tokenizer = DEFAULT_TOKENIZER
-    from .pairs_file import EXPECTED
+    from tformer.runs.pairs_file import EXPECTED
     return [reads(args.pairs_flag, args.pairs, f"a file of {EXPECTED}"),
             reads("--checkpoint", args.checkpoint),
             reads("--tokenizer", args.tokenizer), writes("--out", args.out)]

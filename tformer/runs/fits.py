@@ -1,10 +1,10 @@
 """Does a ``run tinygpt`` fit in memory? Fitting in memory's prediction of a step's peak
-(``tformer.scaling.step_memory``), checked before anything is allocated, and the flags that would make a
+(``tformer.training.step_memory``), checked before anything is allocated, and the flags that would make a
 run that does not fit, fit: ``--attention flash``, ``--gradient-checkpointing``, a smaller
 ``--batch-size``.
 The vocabulary counts too (``--bpe V``: the embedding, the LM head and the (B, T, V) logits).
 """
-from ..scaling.step_memory import available_bytes, gib, step_peak_bytes, training_bytes
+from tformer.training.step_memory import available_bytes, gib, step_peak_bytes, training_bytes
 
 VOCAB = 256                                                      # bytes are TinyGPT's tokens
 
@@ -61,8 +61,8 @@ def check_fits(args, available=None, vocab_size=VOCAB):
            "not even --batch-size 1 --attention flash --gradient-checkpointing fits: a smaller "
            "--max-len, --d-model or --n-layers")
     raise ValueError(f"--max-len, --batch-size: expected a run whose predicted peak (the count of "
-                     f"a training step of the chapter Fitting in memory, tformer.scaling."
-                     f"step_memory) fits in the "
+                     f"a training step of the chapter Fitting in memory, "
+                     f"tformer.training.step_memory) fits in the "
                      f"{gib(available)} available, got {gib(need)} for B={args.batch_size}, "
                      f"T={args.max_len}, C={args.d_model}, L={args.n_layers}, "
                      f"V={vocab_size}, {args.attention} attention; {fix}")

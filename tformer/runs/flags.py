@@ -312,7 +312,7 @@ class Deprecated(argparse.Action):
 def text_file(path, block_size, val_fraction, flag="--text"):
     """``check_args`` helper: ``path`` is a readable file whose train and validation splits
     (``tformer.data.text.split_sizes``) each hold a window of ``block_size`` + 2 bytes."""
-    from ..data.text import split_sizes
+    from tformer.data.text import split_sizes
     if not os.path.isfile(path):
         why = "a folder" if os.path.isdir(path) else "no such file"
         raise ValueError(f"{flag}: expected a readable file, got {path!r} ({why})")

@@ -5,21 +5,21 @@ are loaded; the prompt is UTF-8 encoded into bytes, the model's tokens. A model 
 (``run tinygpt --bpe V``) needs its tokenizer: ``--tokenizer FILE`` encodes the prompt and decodes
 the output with it.
 
-``--draft CHECKPOINT --lookahead k``: speculative decoding (``tformer.speculative``), the draft
+``--draft CHECKPOINT --lookahead k``: speculative decoding (``tformer.decoding.speculative``), the draft
 proposing k tokens a round and the checkpoint's model checking them in one pass; the text is
 distributed as without it (with ``--temperature 0``, the same text). The draft must read the same
 tokens: the same vocabulary, and for a BPE model the same tokenizer.
 """
 import sys
 
-from ..data.text import decode, encode
-from ..generate import sample
-from ..speculative import speculative_sample
-from . import finetune
-from .tinygpt import DEFAULT_CHECKPOINT
-from .files import load_tinygpt  # noqa: F401  (rebuilds a TinyGPT from its checkpoint)
-from .files import check_tokenizer, load_tinygpt_file, load_tokenizer_file
-from .flags import (MAX_NEW_TOKENS, UsageError, add_flag, idle, min_p, new_tokens,
+from tformer.data.text import decode, encode
+from tformer.decoding.generate import sample
+from tformer.decoding.speculative import speculative_sample
+from tformer.runs import finetune
+from tformer.runs.tinygpt import DEFAULT_CHECKPOINT
+from tformer.runs.files import load_tinygpt  # noqa: F401  (rebuilds a TinyGPT from its checkpoint)
+from tformer.runs.files import check_tokenizer, load_tinygpt_file, load_tokenizer_file
+from tformer.runs.flags import (MAX_NEW_TOKENS, UsageError, add_flag, idle, min_p, new_tokens,
                     nonnegative_int, positive_int,
                     temperature, top_p, utf8_text)
 
@@ -56,8 +56,8 @@ LOOKAHEAD = 4
 
 def files(args):
     """What the command reads (``tformer.runs.declare``); it writes nothing but stdout."""
-    from .declare import reads
-    from .files import CHECKPOINT
+    from tformer.runs.declare import reads
+    from tformer.runs.files import CHECKPOINT
     return [reads("--checkpoint", args.checkpoint, CHECKPOINT, "no checkpoint at that path"),
             reads("--tokenizer", args.tokenizer),
             reads("--adapter", getattr(args, "adapter", None)), reads("--draft", args.draft)]

@@ -1,8 +1,8 @@
 """A file of preference pairs, read and checked: JSON lines ``{"prompt", "chosen", "rejected"}``
-(text) -> ``tformer.tune.Pairs`` (token ids), or a ``UsageError`` naming the flag, the line, what
+(text) -> ``tformer.tuning.tune.Pairs`` (token ids), or a ``UsageError`` naming the flag, the line, what
 was expected and what came.
 
-The file is what ``python -m tformer preference --pairs-out FILE`` writes (``tformer.data.pairs.
+The file is what ``python -m tformer preference --pairs-out FILE`` writes (``tformer.tuning.pairs.
 write_pairs``): UTF-8 without a byte-order mark, one JSON object per line, each with exactly the
 three keys, each a non-empty string, the chosen response another text than the rejected one. A
 final line break is allowed; an empty line is not (JSON lines has none).
@@ -18,8 +18,8 @@ import os
 
 import numpy as np
 
-from ..tune import Pairs
-from .flags import UsageError
+from tformer.tuning.tune import Pairs
+from tformer.runs.flags import UsageError
 
 KEYS = ("prompt", "chosen", "rejected")
 EXPECTED = 'JSON lines {"prompt": text, "chosen": text, "rejected": text}'

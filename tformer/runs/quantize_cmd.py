@@ -1,7 +1,7 @@
 """``python -m tformer quantize CHECKPOINT --out FILE [--scheme {w8,w8a8}]``: int8 post-training quantization.
 
 Reads a float checkpoint written by ``python -m tformer run tinygpt`` (or ``run transformer``),
-quantizes every Linear layer, the LM head and the embedding tables to int8 (``tformer.scaling.quantize``),
+quantizes every Linear layer, the LM head and the embedding tables to int8 (``tformer.decoding.quantize``),
 and writes an inference-only checkpoint that ``load_checkpoint`` and ``python -m tformer generate
 --checkpoint FILE`` accept. It prints the file's size against the float32 files and, for TinyGPT,
 the validation bits/byte and the generation speed of the float32 and the quantized model.
@@ -18,16 +18,16 @@ import time
 
 import numpy as np
 
-from ..checkpoint import load_checkpoint, read_checkpoint
-from ..data.shakespeare import shakespeare_data
-from ..data.text import TextData, bits_per_byte, encode, evaluate_loss
-from ..generate import sample
-from ..models.tinygpt import TinyGPT
-from ..models.transformer import Transformer
-from ..scaling.quantize import SCHEMES, quantize_model, save_quantized
-from .files import MALFORMED, read_checkpoint_file
-from .flags import UsageError, new_tokens, positive_int
-from .declare import reads, writes
+from tformer.training.checkpoint import load_checkpoint, read_checkpoint
+from tformer.data.shakespeare import shakespeare_data
+from tformer.data.text import TextData, bits_per_byte, encode, evaluate_loss
+from tformer.decoding.generate import sample
+from tformer.models.tinygpt import TinyGPT
+from tformer.models.transformer import Transformer
+from tformer.decoding.quantize import SCHEMES, quantize_model, save_quantized
+from tformer.runs.files import MALFORMED, read_checkpoint_file
+from tformer.runs.flags import UsageError, new_tokens, positive_int
+from tformer.runs.declare import reads, writes
 
 EXPECTED = "a float checkpoint saved by `python -m tformer run tinygpt` or `run transformer`"
 

@@ -5,20 +5,20 @@ installation (``tformer.data.text.STDLIB_MODULES``); ``--text FILE`` trains on a
 Losses are reported in bits per byte next to the corpus's unigram entropy, the loss of the best
 model that ignores context; the run ends by stating how far below it the validation loss got.
 
-Under ``mpiexec -n p`` the run is data parallel (``tformer.scaling.mpi``): ``--batch-size`` stays the
+Under ``mpiexec -n p`` the run is data parallel (``tformer.training.mpi``): ``--batch-size`` stays the
 global batch, rank r trains on its slice of every batch, the gradients are averaged over the ranks,
 and rank 0 alone prints and writes the checkpoint; ``--zero`` also shards AdamW's state (ZeRO-1).
 ``--resume`` continues from ``--checkpoint`` (written every ``--checkpoint-every`` steps) bit for bit
 in the same world size, and in any other up to float rounding.
 
-``--bpe V`` trains a byte-level BPE tokenizer of V tokens on the training split first (``tformer.bpe``,
+``--bpe V`` trains a byte-level BPE tokenizer of V tokens on the training split first (``tformer.data.bpe``,
 seconds), writes it to ``--tokenizer`` (default: beside the checkpoint), and trains TinyGPT with
 ``vocab_size=V`` on its tokens; ``--tokenizer FILE`` alone trains on the tokens of a saved tokenizer.
 The losses stay in bits per *byte* of the same text (``tformer.data.tokens``), so runs on bytes and
 on tokens compare; ``generate --tokenizer FILE`` writes from such a model.
 
 ``python -m tformer`` splits tformer's kernels over every core the process may use and holds BLAS at
-one thread per call meanwhile (``tformer.parallel``; ``--threads N`` or ``TFORMER_NUM_THREADS`` say
+one thread per call meanwhile (``tformer.core.parallel``; ``--threads N`` or ``TFORMER_NUM_THREADS`` say
 otherwise, see ``tformer/__main__.py``). The default run takes a few minutes on 2 cores.
 """
 import argparse
@@ -26,27 +26,27 @@ import math
 import os
 import time
 
-from .. import functional as F
-from ..bpe import BPETokenizer, most_tokens
-from ..checkpoint import load_checkpoint, save_checkpoint
-from ..data.shakespeare import shakespeare_data
-from ..data.text import TextData, bits_per_byte, decode, encode, evaluate_loss, unigram_cross_entropy
-from ..data.tokens import TokenData
-from ..generate import sample
-from ..models.tinygpt import TinyGPT
-from ..optim import AdamW, cosine_with_warmup
-from ..scaling.mpi import DataParallel, RankError, check_global_batch, get_world, local_slice
-from ..scaling.precision import PRECISIONS, precision_policy
-from ..train import train
-from . import finetune
-from .fits import check_fits
-from .files import (MALFORMED, check_tokenizer, load_tokenizer_file, read_checkpoint_file,
+from tformer.nn import functional as F
+from tformer.data.bpe import BPETokenizer, most_tokens
+from tformer.training.checkpoint import load_checkpoint, save_checkpoint
+from tformer.data.shakespeare import shakespeare_data
+from tformer.data.text import TextData, bits_per_byte, decode, encode, evaluate_loss, unigram_cross_entropy
+from tformer.data.tokens import TokenData
+from tformer.decoding.generate import sample
+from tformer.models.tinygpt import TinyGPT
+from tformer.training.optim import AdamW, cosine_with_warmup
+from tformer.training.mpi import DataParallel, RankError, check_global_batch, get_world, local_slice
+from tformer.training.precision import PRECISIONS, precision_policy
+from tformer.training.train import train
+from tformer.runs import finetune
+from tformer.runs.fits import check_fits
+from tformer.runs.files import (MALFORMED, check_tokenizer, load_tokenizer_file, read_checkpoint_file,
                     tokenizer_record)
-from .flags import (UsageError, add_flag, idle, bpe_vocab, heads_divide, learning_rate, new_tokens,
+from tformer.runs.flags import (UsageError, add_flag, idle, bpe_vocab, heads_divide, learning_rate, new_tokens,
                     nonnegative_float,
                     nonnegative_int, positive_float, positive_int, probability, resumed_steps,
                     temperatures, text_file, utf8_text)
-from .declare import reads, updates, writes
+from tformer.runs.declare import reads, updates, writes
 
 DEFAULT_CHECKPOINT = "checkpoints/tinygpt.npz"
 DEFAULT_PROMPT = "def "
@@ -79,7 +79,7 @@ def add_arguments(p):
     add_flag(g, "--max-len", 64, "context length: learned positions and training window T")
     g.add_argument("--d-ff", type=positive_int, default=None,
                    help="hidden width of the MLP (default 4C; for SwiGLU at the same parameter "
-                        "budget, 2/3 of 4C: tformer.modern_layers.swiglu_hidden)")
+                        "budget, 2/3 of 4C: tformer.nn.modern_layers.swiglu_hidden)")
     g = p.add_argument_group("modern block (The modern block; each default is TinyGPT's own)")
     g.add_argument("--norm", choices=["layernorm", "rmsnorm"], default="layernorm", help="normalisation")
     g.add_argument("--positions", choices=["learned", "sinusoidal", "rope"], default="learned",
@@ -136,7 +136,7 @@ def files(args):
     args.tokenizer_out = None
     if args.bpe is not None:
         args.tokenizer_out = args.tokenizer or f"{os.path.splitext(args.checkpoint)[0]}.tokenizer.json"
-    from .files import CHECKPOINT
+    from tformer.runs.files import CHECKPOINT
     return [reads("--text", args.text), reads("--base", args.base, CHECKPOINT),
             reads("--tokenizer", args.tokenizer if args.bpe is None else None),
             (updates if args.resume else writes)("--checkpoint", args.checkpoint),

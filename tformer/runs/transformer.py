@@ -14,25 +14,25 @@ rows padded to the longest possible row; ``--batching sorted`` keeps each step's
 sorts it by length and splits it into micro-batches under ``--max-tokens`` (the same gradient,
 less padding); the run then reports the share of padded positions and the tokens per second of
 training for any kind. ``--gradient-checkpointing`` recomputes each
-block's forward pass in the backward pass (``tformer.scaling.recompute``).
+block's forward pass in the backward pass (``tformer.nn.recompute``).
 """
 import os
 import time
 
 import numpy as np
 
-from ..checkpoint import load_checkpoint
-from ..data.batching import BucketedTask, SortedTask, counting, default_budget
-from ..data.sequences import EOS, PAD, SequenceTask
-from ..models.transformer import Transformer
-from ..optim import Adam, cosine_with_warmup, noam_lr
-from ..scaling.precision import PRECISIONS, precision_policy
-from ..train import train
-from .files import MALFORMED, read_checkpoint_file
-from .flags import (UsageError, add_flag, at_least_two, fraction, heads_divide, idle,
+from tformer.training.checkpoint import load_checkpoint
+from tformer.data.batching import BucketedTask, SortedTask, counting, default_budget
+from tformer.data.sequences import EOS, PAD, SequenceTask
+from tformer.models.transformer import Transformer
+from tformer.training.optim import Adam, cosine_with_warmup, noam_lr
+from tformer.training.precision import PRECISIONS, precision_policy
+from tformer.training.train import train
+from tformer.runs.files import MALFORMED, read_checkpoint_file
+from tformer.runs.flags import (UsageError, add_flag, at_least_two, fraction, heads_divide, idle,
                     learning_rate, length_penalty, nonnegative_float,
                     nonnegative_int, positive_float, positive_int, probability, resumed_steps)
-from .declare import updates, writes
+from tformer.runs.declare import updates, writes
 
 DEFAULT_CHECKPOINT = "checkpoints/transformer.npz"
 EXPECTED_RESUME = ("a checkpoint of this run to --resume (saved by `python -m tformer run "

@@ -5,12 +5,12 @@ Default task: the single attention layer's copy-max task (inputs U(0, 1)), the s
 learnable (``--no-mlp`` drops it, for comparison). Prints the final training loss and the held-out
 loss and accuracy.
 """
-from ..data import copy_max, copy_max_centered
-from ..models.two_layer import TwoLayerTransformer
-from .attention import add_common_arguments, fit
-from .attention import check_flags  # noqa: F401  (the same flags, the same bound)
-from .attention import files as attention_files
-from .flags import idle, positive_int
+from tformer.data import copy_max, copy_max_centered
+from tformer.models.two_layer import TwoLayerTransformer
+from tformer.runs.attention import add_common_arguments, fit
+from tformer.runs.attention import check_flags  # noqa: F401  (the same flags, the same bound)
+from tformer.runs.attention import files as attention_files
+from tformer.runs.flags import idle, positive_int
 
 DEFAULTS = dict(d_model=16, seq_len=8, batch_size=32, steps=3000, lr=3e-3)
 TASKS = {"copy_max": (copy_max.copy_max_batch, copy_max.held_out),
