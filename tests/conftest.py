@@ -77,3 +77,42 @@ class ParityGuard:
 
 def pytest_configure(config):
     config.pluginmanager.register(ParityGuard(), "torch_parity_guard")
+
+
+# --- shared builders: a tiny TinyGPT, token ids, every parameter random ----------------------------
+# Factory fixtures: a test names ``tiny``, ``tokens`` or ``randomize`` among its arguments and
+# calls it. One definition for every test of TinyGPT (its own tests, the modern block's, post-norm's).
+
+@pytest.fixture
+def tiny():
+    """``tiny(n_heads=4, dtype=float64, seed=0, **kw)``: a TinyGPT of d_model 8, 2 layers,
+    max_len 12 (any keyword of TinyGPT overrides)."""
+    import numpy as np
+
+    from tformer.models.tinygpt import TinyGPT
+
+    def make(n_heads=4, dtype=np.float64, seed=0, **kw):
+        return TinyGPT(**dict(dict(d_model=8, n_heads=n_heads, n_layers=2, max_len=12, seed=seed,
+                                   dtype=dtype), **kw))
+    return make
+
+
+@pytest.fixture
+def tokens():
+    """``tokens(B, T, seed=0, V=256)``: token ids drawn uniformly from [0, V), shape (B, T)."""
+    import numpy as np
+    return lambda B, T, seed=0, V=256: np.random.default_rng(seed).integers(0, V, (B, T))
+
+
+@pytest.fixture
+def randomize():
+    """``randomize(model, seed=1, scale=0.3)``: every parameter random (gains near 1, a tied
+    matrix drawn once), so that no gradient is trivially zero; returns the model."""
+    import numpy as np
+
+    def draw(model, seed=1, scale=0.3):
+        rng = np.random.default_rng(seed)
+        for name, p, _ in model._unique_parameters():
+            p[...] = (1.0 if name.endswith("gamma") else 0.0) + scale * rng.standard_normal(p.shape)
+        return model
+    return draw

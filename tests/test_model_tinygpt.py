@@ -18,29 +18,10 @@ from kv_steps import cached_logits
 from tformer.training.optim import AdamW
 
 
-def tiny(n_heads=1, dtype=np.float64, seed=0, **kw):
-    cfg = dict(d_model=8, n_heads=n_heads, n_layers=2, max_len=12, seed=seed, dtype=dtype)
-    cfg.update(kw)
-    return TinyGPT(**cfg)
-
-
-def tokens(B, T, seed=0, V=256):
-    return np.random.default_rng(seed).integers(0, V, (B, T))
-
-
-def randomize(model, seed=1, scale=0.3):
-    """Give every parameter (LayerNorm gains and biases too) a random value, so no gradient is trivially 0."""
-    rng = np.random.default_rng(seed)
-    for name, p, _ in model.named_parameters():
-        base = 1.0 if name.endswith("gamma") else 0.0
-        p[...] = base + scale * rng.standard_normal(p.shape)
-    return model
-
-
 # --- gradients: finite differences ---------------------------------------------------------------
 
 @pytest.mark.parametrize("n_heads", [1, 2])
-def test_gradcheck_cross_entropy(n_heads):
+def test_gradcheck_cross_entropy(n_heads, randomize, tiny, tokens):
     model = randomize(tiny(n_heads))
     x, y = tokens(2, 5, seed=3), tokens(2, 5, seed=4)
     errs = check_module(model, x, loss=lambda z: F.cross_entropy(z, y), max_entries=20)
@@ -48,7 +29,7 @@ def test_gradcheck_cross_entropy(n_heads):
     assert max(errs.values()) < 1e-6, errs
 
 
-def test_gradcheck_random_upstream_multi_head():
+def test_gradcheck_random_upstream_multi_head(randomize, tiny, tokens):
     model = randomize(tiny(4, d_model=8, n_layers=1), seed=5)
     errs = check_module(model, tokens(2, 6, seed=6), max_entries=20, seed=2)
     assert max(errs.values()) < 1e-6, errs
@@ -91,7 +72,7 @@ def torch_twin(model):
 
 @pytest.mark.torch_parity
 @pytest.mark.parametrize("n_heads", [1, 4])
-def test_torch_parity_logits_and_every_gradient(n_heads):
+def test_torch_parity_logits_and_every_gradient(n_heads, randomize, tiny, tokens):
     model = randomize(tiny(n_heads, d_model=16, n_layers=2), seed=7)
     torch, P, forward = torch_twin(model)
     x, y = tokens(3, 7, seed=8), tokens(3, 7, seed=9)
@@ -111,7 +92,7 @@ def test_torch_parity_logits_and_every_gradient(n_heads):
 # --- KV cache and decoding ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("n_heads", [1, 2])
-def test_kv_cache_logits_equal_full_recomputation_at_every_step(n_heads):
+def test_kv_cache_logits_equal_full_recomputation_at_every_step(n_heads, randomize, tiny, tokens):
     model = randomize(tiny(n_heads, max_len=16), seed=11)
     seq = tokens(2, 16, seed=12)
     cached, _ = cached_logits(model, seq, 4)                 # prefill (B, 4, V), then (B, 1, V) each
@@ -121,7 +102,7 @@ def test_kv_cache_logits_equal_full_recomputation_at_every_step(n_heads):
     np.testing.assert_allclose(np.concatenate(cached, axis=1), model.forward(seq), rtol=1e-12, atol=1e-12)
 
 
-def test_cached_and_uncached_decoding_agree_float32():
+def test_cached_and_uncached_decoding_agree_float32(randomize, tiny, tokens):
     model = randomize(tiny(2, max_len=40, dtype=np.float32), seed=13, scale=0.5)
     prompt = tokens(3, 5, seed=14)
     assert np.array_equal(greedy(model, prompt, 30), greedy(model, prompt, 30, use_cache=False))
@@ -130,7 +111,7 @@ def test_cached_and_uncached_decoding_agree_float32():
     assert a.shape == (3, 35) and np.array_equal(a, b)
 
 
-def test_prompt_longer_than_max_len_is_cropped():
+def test_prompt_longer_than_max_len_is_cropped(randomize, tiny, tokens):
     model = randomize(tiny(1, max_len=8), seed=15)
     prompt = tokens(2, 11, seed=16)
     out = greedy(model, prompt, 6)
@@ -199,7 +180,7 @@ def test_sampling_never_emits_a_token_outside_its_set():
             assert len(np.unique(tok)) > 1
 
 
-def test_sampled_text_respects_top_k_at_every_step_and_top_k_1_is_greedy():
+def test_sampled_text_respects_top_k_at_every_step_and_top_k_1_is_greedy(randomize, tiny, tokens):
     model = randomize(tiny(2, max_len=30), seed=17, scale=0.5)
     prompt = tokens(2, 4, seed=18)
     out = sample(model, prompt, 20, temperature=1.5, top_k=4, seed=1)
@@ -211,7 +192,7 @@ def test_sampled_text_respects_top_k_at_every_step_and_top_k_1_is_greedy():
     assert np.array_equal(sample(model, prompt, 10, temperature=0.0, seed=9), greedy(model, prompt, 10))
 
 
-def test_fixed_seed_gives_the_same_text():
+def test_fixed_seed_gives_the_same_text(randomize, tiny):
     model = randomize(tiny(1, max_len=40, dtype=np.float32), seed=19, scale=0.5)
     prompt = encode("def f(x):")[None, :]
     a = sample(model, prompt, 25, temperature=1.0, top_p=0.95, seed=42)
@@ -222,7 +203,7 @@ def test_fixed_seed_gives_the_same_text():
     assert decode(a[0]).startswith("def f(x):")
 
 
-def test_decoding_restores_the_training_mode_and_rejects_bad_input():
+def test_decoding_restores_the_training_mode_and_rejects_bad_input(tiny, tokens):
     model = tiny(1)
     model.train()
     greedy(model, tokens(1, 3), 2)
@@ -237,7 +218,7 @@ def test_decoding_restores_the_training_mode_and_rejects_bad_input():
 
 # --- checkpoints --------------------------------------------------------------------------------
 
-def _train_steps(model, opt, n, seed=0):
+def _train_steps(model, opt, n, tokens, seed=0):
     for i in range(n):
         x, y = tokens(2, 6, seed=seed + i), tokens(2, 6, seed=seed + 100 + i)
         model.zero_grad()
@@ -246,10 +227,10 @@ def _train_steps(model, opt, n, seed=0):
         opt.step()
 
 
-def test_checkpoint_round_trip_and_resume(tmp_path):
+def test_checkpoint_round_trip_and_resume(tmp_path, tiny, tokens):
     model = tiny(2, dtype=np.float32)
     opt = AdamW(model, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
-    _train_steps(model, opt, 3)
+    _train_steps(model, opt, 3, tokens)
     path = tmp_path / "ck" / "tinygpt.npz"
     save_checkpoint(path, model, opt, step=3, extra={"note": "x"})
     assert [p.name for p in path.parent.iterdir()] == ["tinygpt.npz"]         # no temp file left
@@ -260,13 +241,13 @@ def test_checkpoint_round_trip_and_resume(tmp_path):
     for (n, p, _), (_, q, _) in zip(model.named_parameters(), other.named_parameters()):
         assert np.array_equal(p, q), n
     assert opt2.t == 3 and opt2.lr == pytest.approx(1e-2)
-    _train_steps(model, opt, 2, seed=50)
-    _train_steps(other, opt2, 2, seed=50)
+    _train_steps(model, opt, 2, tokens, seed=50)
+    _train_steps(other, opt2, 2, tokens, seed=50)
     x = tokens(2, 8, seed=7)
     np.testing.assert_array_equal(model.forward(x), other.forward(x))
 
 
-def test_checkpoint_for_another_configuration_fails_clearly(tmp_path):
+def test_checkpoint_for_another_configuration_fails_clearly(tmp_path, tiny):
     path = tmp_path / "a.npz"
     save_checkpoint(path, tiny(1), step=1)
     with pytest.raises(ValueError, match=r"another configuration.*n_heads"):
@@ -327,7 +308,7 @@ def test_stdlib_corpus_is_read_deterministically():
         module_source("sys")                                                  # built in: no .py file
 
 
-def test_evaluate_loss_is_the_mean_over_all_positions():
+def test_evaluate_loss_is_the_mean_over_all_positions(randomize, tiny, tokens):
     model = randomize(tiny(1, max_len=8, dtype=np.float64), seed=21)
     x, y = tokens(5, 8, seed=22), tokens(5, 8, seed=23)
     whole = F.cross_entropy(model.forward(x), y)[0]

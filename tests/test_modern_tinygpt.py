@@ -27,24 +27,6 @@ from tformer.training.optim import AdamW, clip_grad_norm
 ALL_ON = dict(norm="rmsnorm", positions="rope", mlp="swiglu", n_kv_heads=2, tie_embeddings=True)
 
 
-def tiny(dtype=np.float64, seed=0, **kw):
-    cfg = dict(d_model=8, n_heads=4, n_layers=2, max_len=12, seed=seed, dtype=dtype)
-    cfg.update(kw)
-    return TinyGPT(**cfg)
-
-
-def tokens(B, T, seed=0, V=256):
-    return np.random.default_rng(seed).integers(0, V, (B, T))
-
-
-def randomize(model, seed=1, scale=0.3):
-    """Every parameter random (gains near 1), so that no gradient is trivially zero."""
-    rng = np.random.default_rng(seed)
-    for name, p, _ in model._unique_parameters():
-        p[...] = (1.0 if name.endswith("gamma") else 0.0) + scale * rng.standard_normal(p.shape)
-    return model
-
-
 # --- the defaults are TinyGPT's first model, unchanged --------------------------------------------
 
 def test_defaults_are_the_model_before_the_modern_keywords():
@@ -68,7 +50,7 @@ def test_defaults_are_the_model_before_the_modern_keywords():
     np.testing.assert_allclose(z[:, :, :2], before, rtol=1e-12, atol=1e-15)
 
 
-def test_defaults_equal_the_explicit_first_model_keywords():
+def test_defaults_equal_the_explicit_first_model_keywords(tiny):
     a = tiny(n_heads=2)
     b = tiny(n_heads=2, norm="layernorm", positions="learned", mlp="gelu", n_kv_heads=2, tie_embeddings=False)
     assert a.config == b.config
@@ -84,7 +66,7 @@ COMBOS = list(itertools.product(["layernorm", "rmsnorm"], ["learned", "sinusoida
 
 
 @pytest.mark.parametrize("norm,positions,mlp,n_kv_heads,tie", COMBOS)
-def test_kv_cache_equals_recomputation_for_every_combination(norm, positions, mlp, n_kv_heads, tie):
+def test_kv_cache_equals_recomputation_for_every_combination(norm, positions, mlp, n_kv_heads, tie, randomize, tiny, tokens):
     model = randomize(tiny(norm=norm, positions=positions, mlp=mlp, n_kv_heads=n_kv_heads,
                            tie_embeddings=tie, d_ff=12), seed=3)
     seq = tokens(2, 12, seed=4)
@@ -94,8 +76,8 @@ def test_kv_cache_equals_recomputation_for_every_combination(norm, positions, ml
 
 
 @pytest.mark.parametrize("positions", ["learned", "sinusoidal", "rope"])
-def test_cached_and_uncached_greedy_decoding_agree_float32(positions):
-    model = randomize(tiny(np.float32, max_len=30, positions=positions, **{k: v for k, v in ALL_ON.items()
+def test_cached_and_uncached_greedy_decoding_agree_float32(positions, randomize, tiny, tokens):
+    model = randomize(tiny(dtype=np.float32, max_len=30, positions=positions, **{k: v for k, v in ALL_ON.items()
                                                                           if k != "positions"}), seed=5, scale=0.5)
     prompt = tokens(3, 4, seed=6)
     out = greedy(model, prompt, 35)                                       # past max_len: the window slides
@@ -106,7 +88,7 @@ def test_cached_and_uncached_greedy_decoding_agree_float32(positions):
 
 @pytest.mark.parametrize("options", [ALL_ON, dict(ALL_ON, n_kv_heads=1, positions="sinusoidal"),
                                      dict(ALL_ON, mlp="relu", tie_embeddings=False, positions="learned")])
-def test_gradcheck_with_the_modern_options(options):
+def test_gradcheck_with_the_modern_options(options, randomize, tiny, tokens):
     model = randomize(tiny(d_ff=12, **options), seed=7)
     x, y = tokens(2, 6, seed=8), tokens(2, 6, seed=9)
     errs = check_module(model, x, loss=lambda z: F.cross_entropy(z, y), max_entries=20)
@@ -116,7 +98,7 @@ def test_gradcheck_with_the_modern_options(options):
     assert max(errs.values()) < 1e-6, errs
 
 
-def test_tied_gradient_sums_the_lookup_and_the_head():
+def test_tied_gradient_sums_the_lookup_and_the_head(randomize, tiny, tokens):
     model = randomize(tiny(**ALL_ON), seed=10)
     untied = tiny(**dict(ALL_ON, tie_embeddings=False))
     x, y = tokens(2, 6, seed=11), tokens(2, 6, seed=12)
@@ -136,7 +118,7 @@ def test_tied_gradient_sums_the_lookup_and_the_head():
     assert model.num_parameters() == untied.num_parameters() - 8 * 256
 
 
-def test_tied_weight_is_one_array_for_flat_buffers_optimizer_and_clipping():
+def test_tied_weight_is_one_array_for_flat_buffers_optimizer_and_clipping(randomize, tiny, tokens):
     model = randomize(tiny(**ALL_ON), seed=13)
     assert model.wte.params["W"] is model.lm_head.params["W"]
     assert model.wte.grads["W"] is model.lm_head.grads["W"]
@@ -155,7 +137,7 @@ def test_tied_weight_is_one_array_for_flat_buffers_optimizer_and_clipping():
 
 # --- parameters, config, checkpoints, errors -------------------------------------------------------
 
-def test_parameter_counts_of_each_option():
+def test_parameter_counts_of_each_option(tiny):
     C, H, L, T, V = 16, 4, 2, 12, 256
     D = C // H
     base = tiny(d_model=C, n_heads=H, n_layers=L, max_len=T).num_parameters()
@@ -172,12 +154,12 @@ def test_parameter_counts_of_each_option():
     assert tiny(d_model=C, n_heads=H, max_len=T, tie_embeddings=True).num_parameters() == base - C * V
 
 
-def test_config_and_checkpoint_round_trip_with_every_option(tmp_path):
-    model = randomize(tiny(np.float32, d_ff=12, **ALL_ON), seed=16)
+def test_config_and_checkpoint_round_trip_with_every_option(tmp_path, randomize, tiny, tokens):
+    model = randomize(tiny(dtype=np.float32, d_ff=12, **ALL_ON), seed=16)
     assert {k: model.config[k] for k in ALL_ON} == ALL_ON and model.config["d_ff"] == 12
     path = tmp_path / "m.npz"
     save_checkpoint(path, model, step=1)
-    other = tiny(np.float32, d_ff=12, seed=5, **ALL_ON)
+    other = tiny(dtype=np.float32, d_ff=12, seed=5, **ALL_ON)
     load_checkpoint(path, other)
     x = tokens(2, 7, seed=17)
     assert np.array_equal(model.forward(x), other.forward(x))
@@ -185,7 +167,7 @@ def test_config_and_checkpoint_round_trip_with_every_option(tmp_path):
     for key, value in (("norm", "layernorm"), ("positions", "learned"), ("mlp", "gelu"),
                        ("n_kv_heads", 4), ("tie_embeddings", False)):
         with pytest.raises(ValueError, match=f"another configuration.*{key}"):
-            load_checkpoint(path, tiny(np.float32, d_ff=12, **dict(ALL_ON, **{key: value})))
+            load_checkpoint(path, tiny(dtype=np.float32, d_ff=12, **dict(ALL_ON, **{key: value})))
 
 
 @pytest.mark.parametrize("kw,error,match", [
@@ -201,7 +183,7 @@ def test_config_and_checkpoint_round_trip_with_every_option(tmp_path):
     ({"positions": "sinusoidal", "d_model": 7, "n_heads": 1}, ValueError, "'sinusoidal' needs an even d_model, got 7"),
     ({"n_heads": 3}, ValueError, "n_heads: expected an integer ≥ 1 that divides d_model = 8, got 3"),
 ])
-def test_bad_keywords_fail_clearly(kw, error, match):
+def test_bad_keywords_fail_clearly(kw, error, match, tiny):
     with pytest.raises(error, match=match):
         tiny(**kw)
 
@@ -241,8 +223,8 @@ def test_modern_layers_gradcheck():
     assert max(check_module(ffn, x).values()) < 1e-7
 
 
-def test_swiglu_block_with_dropout_trains_and_evaluates():
-    model = tiny(np.float32, mlp="swiglu", dropout=0.2)
+def test_swiglu_block_with_dropout_trains_and_evaluates(tiny, tokens):
+    model = tiny(dtype=np.float32, mlp="swiglu", dropout=0.2)
     x = tokens(2, 6, seed=20)
     model.train()
     z1, z2 = model.forward(x), model.forward(x)
@@ -275,8 +257,8 @@ def test_cli_run_with_modern_flags_and_generate(tmp_path, capsys):
     assert capsys.readouterr().out == first and first.startswith("def ")
 
 
-def test_generate_reads_a_checkpoint_saved_before_the_modern_keywords(tmp_path, capsys):
-    model = tiny(np.float32, n_heads=2, max_len=16)
+def test_generate_reads_a_checkpoint_saved_before_the_modern_keywords(tmp_path, capsys, tiny):
+    model = tiny(dtype=np.float32, n_heads=2, max_len=16)
     old = {k: v for k, v in model.config.items() if k not in ALL_ON}      # as runs before them saved it
     ck = str(tmp_path / "old.npz")
     save_checkpoint(ck, model, config=old, step=1)

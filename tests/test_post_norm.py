@@ -23,27 +23,9 @@ from tformer.runs.generate_cmd import load_tinygpt
 ALL_ON = dict(norm="rmsnorm", positions="rope", mlp="swiglu", n_kv_heads=2, tie_embeddings=True)
 
 
-def tiny(dtype=np.float64, seed=0, **kw):
-    cfg = dict(d_model=8, n_heads=4, n_layers=2, max_len=12, seed=seed, dtype=dtype)
-    cfg.update(kw)
-    return TinyGPT(**cfg)
-
-
-def tokens(B, T, seed=0, V=256):
-    return np.random.default_rng(seed).integers(0, V, (B, T))
-
-
-def randomize(model, seed=1, scale=0.3):
-    """Every parameter random (gains near 1), so that no gradient is trivially zero."""
-    rng = np.random.default_rng(seed)
-    for name, p, _ in model._unique_parameters():
-        p[...] = (1.0 if name.endswith("gamma") else 0.0) + scale * rng.standard_normal(p.shape)
-    return model
-
-
 # --- the default is pre-norm; post-norm has the same parameters, wired differently -----------------
 
-def test_default_is_pre_norm_and_post_norm_draws_the_same_parameters():
+def test_default_is_pre_norm_and_post_norm_draws_the_same_parameters(tiny, tokens):
     pre, explicit, post = tiny(), tiny(norm_position="pre"), tiny(norm_position="post")
     assert pre.config == explicit.config and pre.config["norm_position"] == "pre"
     assert post.config == dict(pre.config, norm_position="post")
@@ -74,7 +56,7 @@ def test_post_norm_block_is_the_formula():
 
 
 @pytest.mark.parametrize("options", [{}, dict(n_heads=2), ALL_ON])
-def test_post_norm_gradcheck(options):
+def test_post_norm_gradcheck(options, randomize, tiny, tokens):
     model = randomize(tiny(d_ff=12, norm_position="post", **options), seed=7)
     x, y = tokens(2, 6, seed=8), tokens(2, 6, seed=9)
     errs = check_module(model, x, loss=lambda z: F.cross_entropy(z, y), max_entries=20)
@@ -85,7 +67,7 @@ def test_post_norm_gradcheck(options):
 
 
 @pytest.mark.parametrize("options", [{}, ALL_ON, dict(ALL_ON, positions="sinusoidal", n_kv_heads=1)])
-def test_post_norm_kv_cache_equals_recomputation(options):
+def test_post_norm_kv_cache_equals_recomputation(options, randomize, tiny, tokens):
     model = randomize(tiny(d_ff=12, norm_position="post", **options), seed=3)
     seq = tokens(2, 12, seed=4)
     cached, _ = cached_logits(model, seq, 5)
@@ -155,7 +137,7 @@ def torch_twin(model):
 @pytest.mark.torch_parity
 @pytest.mark.parametrize("norm_position", ["post", "pre"])
 @pytest.mark.parametrize("options", [{}, ALL_ON])
-def test_torch_parity_logits_and_every_gradient(norm_position, options):
+def test_torch_parity_logits_and_every_gradient(norm_position, options, randomize, tokens):
     model = randomize(TinyGPT(d_model=16, n_heads=4, n_layers=2, max_len=16, d_ff=21, dtype=np.float64,
                               seed=3, norm_position=norm_position, **options), seed=4)
     torch, P, forward = torch_twin(model)
@@ -176,8 +158,8 @@ def test_torch_parity_logits_and_every_gradient(norm_position, options):
 
 # --- config, checkpoints, command line, errors ------------------------------------------------------
 
-def test_checkpoint_keeps_the_norm_position(tmp_path):
-    model = randomize(tiny(np.float32, norm_position="post"), seed=2)
+def test_checkpoint_keeps_the_norm_position(tmp_path, randomize, tiny, tokens):
+    model = randomize(tiny(dtype=np.float32, norm_position="post"), seed=2)
     path = str(tmp_path / "post.npz")
     save_checkpoint(path, model, step=1)
     assert read_checkpoint(path)[0]["config"]["norm_position"] == "post"
@@ -186,11 +168,11 @@ def test_checkpoint_keeps_the_norm_position(tmp_path):
     assert again.config["norm_position"] == "post" and np.array_equal(again.forward(x), model.forward(x))
     with pytest.raises(ValueError,
                        match="another configuration.*norm_position: checkpoint 'post' vs model 'pre'"):
-        load_checkpoint(path, tiny(np.float32))
+        load_checkpoint(path, tiny(dtype=np.float32))
 
 
-def test_checkpoint_without_the_key_is_pre_norm(tmp_path):
-    model = tiny(np.float32)
+def test_checkpoint_without_the_key_is_pre_norm(tmp_path, tiny, tokens):
+    model = tiny(dtype=np.float32)
     old = {k: v for k, v in model.config.items() if k != "norm_position"}  # saved before the key
     path = str(tmp_path / "old.npz")
     save_checkpoint(path, model, config=old, step=1)
@@ -201,7 +183,7 @@ def test_checkpoint_without_the_key_is_pre_norm(tmp_path):
 
 
 @pytest.mark.parametrize("value", ["sandwich", None, 1])
-def test_bad_norm_position_fails_clearly(value):
+def test_bad_norm_position_fails_clearly(value, tiny):
     with pytest.raises(ValueError, match=rf"norm_position: expected one of \['pre', 'post'\], got {value!r}"):
         tiny(norm_position=value)
 
