@@ -70,6 +70,12 @@ import time                # noqa: E402
 
 import numpy as np         # noqa: E402
 
+if os.environ.get("PYTHONPATH"):
+    # A tree named on PYTHONPATH is the only tformer: an editable install (pip install -e) puts a
+    # finder on sys.meta_path that maps any tformer.* name to its checkout, so a module the tree
+    # lacks (the new layout's folders, in the tree before the refactor) would load from there.
+    sys.meta_path[:] = [f for f in sys.meta_path if not f.__module__.startswith("__editable__")]
+
 # ------------------------------------------------------------------------------------------------
 # Where each name lives. HOMES: module paths tried in order, the refactor's new home first and
 # today's last. NAMES: what this script calls -> (home, names tried in order). Add a path or a
