@@ -109,13 +109,7 @@ def frozen_places(config):
     model = TinyGPT(d_model=32, n_heads=4, n_layers=2, max_len=T, vocab_size=V, seed=0, **model_kw)
     for path in frozen:
         submodule(model, path).freeze()
-    P = model.flat_buffers()[0]
-    mask, base = np.zeros(P.size, bool), P.__array_interface__["data"][0]
-    for _, p, g in model.named_parameters():
-        if g is None:
-            at = (p.__array_interface__["data"][0] - base) // P.itemsize
-            mask[at:at + p.size] = True
-    return mask
+    return model.frozen_mask()
 
 
 def rel_norm(a, b):

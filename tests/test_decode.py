@@ -1,7 +1,11 @@
-"""Decoding with a KV cache (tformer.decoding.kv_cache): every layer type decodes as its own forward pass
-computes (float, int8 weights, int8 weights and activations, LoRA), and the lean one-token step
-(tformer.fast.decode) gives the bits of the general path, is taken only where it applies, and
-raises the same errors."""
+"""Decoding with a KV cache (the model's own forward, handed the caches of
+tformer.decoding.kv_cache): every layer type decodes as its own forward pass computes (float, int8
+weights, int8 weights and activations, LoRA), and the lean one-token step (each layer's row path,
+tformer.fast.decode) gives the bits of the general path, is taken only where it applies, makes no
+more Python calls than it did as a copy of the block, and raises the same errors."""
+import cProfile
+import pstats
+
 import numpy as np
 import pytest
 
@@ -9,6 +13,7 @@ from tformer.decoding import kv_cache
 from tformer.core import parallel
 from tformer.decoding.generate import greedy
 from tformer.fast import decode
+from tformer.nn.blocks import PreNormBlock
 from tformer.nn.lora import apply_lora
 from tformer.models.tinygpt import TinyGPT
 from tformer.decoding.quantize import quantize_model
@@ -26,6 +31,7 @@ def threads():
 def _steps(model, seq, prefill, lean):
     """Logits of each one-token step after a ``prefill``-token prompt, lean path on/off."""
     out, caches = cached_logits(model, seq, prefill, lean)
+    assert all(c.lean == lean for c in caches)                    # the row paths allowed, or not
     return out[1:], caches, [blk.attn.att.copy() for blk in model.blocks]
 
 
@@ -53,7 +59,8 @@ def test_every_layer_type_decodes_as_its_own_forward(kind, lean, n_threads, thre
     model was 2e-3 away from the model's own logits.)"""
     threads(n_threads)
     model = _variant(kind)
-    assert kv_cache.Decoder(model, lean).lean == lean             # every one of them can be lean
+    caches = kv_cache.new_caches(model, 1, lean)
+    assert all(c.lean == lean for c in caches)                     # every one of them can be lean
     seq = np.random.default_rng(3).integers(0, 256, (2, 16))
     full = model.forward(seq)                                      # (B, T, V)
     cached, _ = cached_logits(model, seq, 5, lean)
@@ -116,18 +123,20 @@ def test_lean_step_equals_recomputation_float64():
 
 def test_lean_step_is_taken_only_where_it_applies(monkeypatch):
     calls = []
-    real = decode.block_step
-    monkeypatch.setattr(decode, "block_step", lambda *a: calls.append(1) or real(*a))
+    real = PreNormBlock.rows
+    monkeypatch.setattr(PreNormBlock, "rows", lambda *a: calls.append(1) or real(*a))
     seq = np.random.default_rng(2).integers(0, 256, (1, 12))
+    # the tied head has no row path of its own, but its blocks are TinyGPT's: they take theirs
     for kw, used in [({}, True), (dict(positions="rope"), False),
                      (dict(attention="flash"), False), (dict(n_kv_heads=2), False),
                      (dict(norm="rmsnorm"), False), (dict(mlp="swiglu"), False),
-                     (dict(tie_embeddings=True), False),
+                     (dict(tie_embeddings=True), True),
                      (dict(norm_position="post"), False)]:
         calls.clear()
         model = TinyGPT(d_model=32, n_heads=4, n_layers=2, max_len=12, seed=0, **kw)
         out = greedy(model, seq[:, :4], 8)
-        assert bool(calls) == used == kv_cache.Decoder(model).lean, kw
+        assert len(calls) == (2 * 7 if used else 0), kw          # 2 blocks × 7 one-token steps
+        assert all(c.lean == used for c in kv_cache.new_caches(model, 1)), kw
         calls.clear()
         general, _ = cached_logits(model.eval(), out, 4, lean=False)   # the greedy tokens again
         assert not calls
@@ -136,6 +145,19 @@ def test_lean_step_is_taken_only_where_it_applies(monkeypatch):
     calls.clear()                                  # training mode: the general path
     cached_logits(model, seq[:, :5], 4)
     assert not calls
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_a_cached_step_in_training_mode_runs_the_general_layers(checkpointing):
+    """The model's forward with a cache in training mode (dropout 0): the general path, whose
+    logits are those of the forward without a cache; a checkpointed stack runs it plainly."""
+    model = TinyGPT(d_model=32, n_heads=4, n_layers=3, max_len=12, seed=4, dtype=np.float64,
+                    gradient_checkpointing=checkpointing)
+    seq = np.random.default_rng(6).integers(0, 256, (2, 12))
+    steps, caches = cached_logits(model, seq, 5)
+    assert all(c.lean for c in caches) and model.training
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), model.forward(seq),
+                               rtol=1e-12, atol=1e-12)
 
 
 def test_no_split_follows_the_kernels_thresholds(threads):
@@ -148,18 +170,46 @@ def test_no_split_follows_the_kernels_thresholds(threads):
 
 def test_lean_step_errors_match_the_general_path():
     model = TinyGPT(d_model=32, n_heads=4, n_layers=1, max_len=8, seed=0).eval()
-    step, caches = kv_cache.Decoder(model), kv_cache.new_caches(model, 1)
-    step(np.array([[1, 2]]), caches)
+    caches = kv_cache.new_caches(model, 1)
+    model.forward(np.array([[1, 2]]), kv_cache=caches)
     with pytest.raises(ValueError, match="tokens"):
-        step(np.array([[300]]), caches)                             # not a byte
-    with pytest.raises(ValueError, match="kv_caches: expected one per block"):
-        step(np.array([[3]]), caches + caches)
+        model.forward(np.array([[300]]), kv_cache=caches)          # not a byte
+    with pytest.raises(ValueError, match="kv_cache: expected one per block"):
+        model.forward(np.array([[3]]), kv_cache=caches + caches)
     with pytest.raises(ValueError, match="tokens: 9 positions exceed max_len = 8"):
-        step(np.ones((1, 7), np.int64), caches)
+        model.forward(np.ones((1, 7), np.int64), kv_cache=caches)
     for lean in (True, False):
-        step, c = kv_cache.Decoder(model, lean), kv_cache.new_caches(model, 1)
+        c = kv_cache.new_caches(model, 1, lean)
         model.blocks[0].attn.qkv.W[0, 0] = 0.0
-        step(np.array([[1, 2]]), c)
+        model.forward(np.array([[1, 2]]), kv_cache=c)
         model.blocks[0].attn.qkv.W[0, 0] = np.nan
         with pytest.raises(ValueError, match="NaN"):
-            step(np.array([[3]]), c)
+            model.forward(np.array([[3]]), kv_cache=c)
+
+
+# Python calls (cProfile) per new token of the medium model (4 layers, batch 1, one thread) when
+# the one-token step was a second copy of the block (fast.decode.block_step, commit 32db412).
+CALLS_AS_A_COPY = 309
+
+
+def _calls_per_token(lean, n_new=8):
+    model = TinyGPT(d_model=256, n_heads=8, n_layers=4, max_len=32, seed=0).eval()
+    caches = kv_cache.new_caches(model, 1, lean)
+    seq = np.random.default_rng(8).integers(0, 256, (1, 16 + n_new))
+    model.forward(seq[:, :16], kv_cache=caches)
+    counter = cProfile.Profile()
+    counter.enable()
+    for t in range(16, 16 + n_new):
+        model.forward(seq[:, t:t + 1], kv_cache=caches)
+    counter.disable()
+    return pstats.Stats(counter).total_calls / n_new
+
+
+def test_the_row_paths_make_no_more_calls_than_the_copy_of_the_block(threads):
+    """The lean path exists for speed: chosen beneath the layers, it may not cost more Python
+    calls per token than the separate copy of the block did; the general path costs ~4×."""
+    threads(1)
+    lean, general = _calls_per_token(True), _calls_per_token(False)
+    print(f"calls per token: {lean:.0f} by the row paths (a copy of the block: "
+          f"{CALLS_AS_A_COPY}), {general:.0f} through the general layers")
+    assert lean <= CALLS_AS_A_COPY and lean < general / 3

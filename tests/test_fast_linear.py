@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from fast_equal_pointwise import assert_equal_to_kernel, threads  # noqa: F401
 
+from tformer.core.dtypes import bfloat16
 from tformer.fast import linear as fast
 from tformer.kernels import linear as ref
 
@@ -45,3 +46,46 @@ def test_out_and_accumulate_equal_the_kernel(threads):
     assert_equal_to_kernel(dx, dx_ref, np.float64)
     assert_equal_to_kernel(gW, gW0 + dW_ref, np.float64)
     assert_equal_to_kernel(gb, gb0 + db_ref, np.float64)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("x_shape, C_in, C_out", SHAPES)
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_backward_without_dW_equals_the_kernel(threads, dtype, x_shape, C_in, C_out, bias):
+    """dX = dY Wᵀ and db = 1ᵀ dY of a frozen W: fast equals the reference; with ``accumulate``
+    db is added into b's gradient, with ``bias=False`` it is not formed."""
+    rng = np.random.default_rng(sum(x_shape) + C_in)
+    x = rng.standard_normal(x_shape).astype(dtype)
+    W = rng.standard_normal((C_in, C_out)).astype(dtype)
+    dy = rng.standard_normal((*x_shape[:-1], C_out)).astype(dtype)
+    cache = ref.LinearCache(x, W, bias)
+    dx_ref, db_ref = ref.linear_backward_without_dW(dy, cache)
+    dx, db = fast.linear_backward_without_dW(dy, cache)
+    assert dx.shape == x.shape and (db is None) == (db_ref is None) == (not bias)
+    assert_equal_to_kernel(dx, dx_ref, dtype)
+    dx_full, _, db_full = ref.linear_backward(dy, cache)         # the same dX and db as the whole
+    assert_equal_to_kernel(dx_ref, dx_full, dtype)
+    if bias:
+        assert_equal_to_kernel(db, db_ref, dtype)
+        assert_equal_to_kernel(db_ref, db_full, dtype)
+        gb0 = rng.standard_normal(C_out).astype(dtype)
+        gb = gb0.copy()
+        assert fast.linear_backward_without_dW(dy, cache, accumulate=gb)[1] is gb
+        assert_equal_to_kernel(gb, gb0 + db_ref, dtype)
+    assert fast.linear_backward_without_dW(dy, cache, bias=False)[1] is None
+
+
+@pytest.mark.parametrize("dt", [np.float64, np.float32, bfloat16, np.float16], ids=str)
+def test_the_whole_backward_runs_the_backward_without_dW_for_dX_and_db(threads, dt):
+    """``fast.linear.linear_backward``'s dX and db are ``linear_backward_without_dW``'s, bit for bit
+    (one home for dX = dY Wᵀ), in every dtype the layers run."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 64, 96)).astype(dt)
+    W = rng.standard_normal((96, 128)).astype(dt)
+    dy = rng.standard_normal((4, 64, 128)).astype(dt)
+    cache = ref.LinearCache(x, W, True)
+    gW, gb, gb2 = np.zeros((96, 128), dt), np.zeros(128, dt), np.zeros(128, dt)
+    dx, _, _ = fast.linear_backward(dy, cache, accumulate=(gW, gb))
+    dx2, _ = fast.linear_backward_without_dW(dy, cache, accumulate=gb2)
+    assert dx.dtype == dx2.dtype == dt
+    assert np.array_equal(dx, dx2) and np.array_equal(gb, gb2)

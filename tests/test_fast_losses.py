@@ -57,3 +57,105 @@ def test_cross_entropy_falls_back_to_the_maximum_where_the_target_shift_overflow
     z[0, 0, 0] = np.inf
     with pytest.raises(FloatingPointError, match="inf or NaN"):
         F.cross_entropy(z, t)
+
+
+# --- a sequence's log-probability (DPO, beam search, the decoding and preference measurements) ------
+
+def _sequences(dtype, B=3, T=5, V=11, seed=4):
+    rng = np.random.default_rng(seed)
+    z = (3 * rng.standard_normal((B, T, V))).astype(dtype)
+    y = rng.integers(0, V, (B, T))
+    m = rng.random((B, T)) < 0.6
+    m[:, 0] = True
+    return z, y, m
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_fast_log_softmax_is_the_kernel_to_the_bit(dtype):
+    z, _, _ = _sequences(dtype)
+    z[0, 0, 3] = 1e4                                      # a huge logit: finite, no overflow
+    z[1, 2, 4] = -np.inf                                  # a token of probability 0
+    logp, logp_k = fast.log_softmax(z), kern.log_softmax(z)
+    assert np.array_equal(logp, logp_k)                   # tolerance 0: the same operations
+    assert logp.dtype == np.dtype(dtype) and logp[1, 2, 4] == -np.inf and logp[0, 0, 3] == 0
+    z[1, 2, 4] = 0
+    assert_equal_to_kernel(fast.log_softmax(z), kern.log_softmax(z), dtype)
+    assert np.abs(np.exp(logp.astype(np.float64)).sum(-1) - 1).max() <= 10 * TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_sequence_logp_is_the_masked_sum_of_its_tokens_log_probabilities(dtype):
+    z, y, m = _sequences(dtype)
+    logp = fast.log_softmax(z)
+    want = [sum(float(logp[b, t, y[b, t]]) for t in range(y.shape[1]) if m[b, t])
+            for b in range(y.shape[0])]
+    got = fast.sequence_logp(logp, y, m)
+    assert got.dtype == np.dtype(dtype)
+    np.testing.assert_allclose(got, want, rtol=TOL[dtype], atol=0)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_fast_sequence_logp_backward_equals_the_kernel_and_finite_differences(dtype):
+    z, y, m = _sequences(dtype)
+    g = np.random.default_rng(5).standard_normal(3).astype(dtype)
+    logp = fast.log_softmax(z)
+    d = fast.sequence_logp_backward(g, logp, y, m)
+    assert_equal_to_kernel(d, kern.sequence_logp_backward(g, logp, y, m), dtype)
+    out = np.full_like(z, np.nan)
+    assert fast.sequence_logp_backward(g, logp, y, m, out=out) is out and np.array_equal(out, d)
+    # ∂(Σ_b g_b log π(y_b))/∂z by central differences, in float64
+    z64, g64, h = z.astype(np.float64), g.astype(np.float64), 1e-6
+    f = lambda zz: float(g64 @ kern.sequence_logp(kern.log_softmax(zz), y, m))  # noqa: E731
+    for idx in [(0, 0, y[0, 0]), (1, 2, 0), (2, 4, 7), (0, 1, y[0, 1])]:
+        e = np.zeros_like(z64)
+        e[idx] = h
+        assert abs((f(z64 + e) - f(z64 - e)) / (2 * h) - float(d[idx])) <= 1e-6 + 10 * TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_fast_token_logp_backward_equals_the_kernel_with_a_weight_per_token(dtype):
+    z, y, m = _sequences(dtype)
+    w = np.where(m, np.random.default_rng(6).standard_normal(m.shape), 0).astype(dtype)
+    logp = fast.log_softmax(z)
+    d = fast.token_logp_backward(w, logp, y)
+    assert_equal_to_kernel(d, kern.token_logp_backward(w, logp, y), dtype)
+    assert_equal_to_kernel(fast.token_logp(logp, y), np.take_along_axis(logp, y[..., None], -1)[..., 0],
+                           dtype)
+    assert not d[~m].any()                                # weight 0: no gradient
+
+
+def test_softmax_minus_onehot_is_the_gradient_of_the_nll_in_both_losses():
+    z, y, _ = _sequences(np.float64)
+    logp = kern.log_softmax(z)
+    d = kern.softmax_minus_onehot(logp, y)
+    np.testing.assert_allclose(d.sum(-1), 0, atol=1e-12)          # Σ_v (p_v − onehot_v) = 1 − 1
+    N = y.size
+    assert_equal_to_kernel(kern.nll_backward(logp, y, np.ones(y.shape, bool)), d / N, np.float64)
+    assert_equal_to_kernel(fast.cross_entropy(z, y)[1], d / N, np.float64)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_logistic_loss_is_minus_log_sigmoid_and_never_overflows(dtype):
+    u = np.array([-1e4, -30, -2, -1e-3, 0, 0.5, 3, 30, 1e4], dtype=dtype)
+    with np.errstate(over="raise", invalid="raise"):
+        L, s = fast.logistic_loss(u)
+    assert L.dtype == s.dtype == np.dtype(dtype) and np.isfinite(L).all()
+    u64 = u.astype(np.float64)
+    small = np.abs(u64) <= 30
+    sig = 1 / (1 + np.exp(-u64[small]))
+    np.testing.assert_allclose(L[small], -np.log(sig), rtol=10 * TOL[dtype], atol=TOL[dtype])
+    np.testing.assert_allclose(s[small], 1 - sig, rtol=10 * TOL[dtype], atol=TOL[dtype])
+    assert L[-1] == 0 and s[-1] == 0 and L[0] == 1e4 and s[0] == 1                  # the tails
+    h = 1e-6                                                                       # dL/du = −σ(−u)
+    dL = (fast.logistic_loss(u64 + h)[0] - fast.logistic_loss(u64 - h)[0]) / (2 * h)
+    np.testing.assert_allclose(dL[small], -fast.logistic_loss(u64)[1][small], atol=1e-8)
+
+
+def test_kl_divergence_is_zero_on_itself_and_positive_otherwise():
+    z, _, _ = _sequences(np.float64)
+    lp, lq = fast.log_softmax(z), fast.log_softmax(z[::-1])
+    kl = fast.kl_divergence(lp, lq)
+    want = (np.exp(lp) * (lp - lq)).sum(-1)
+    np.testing.assert_allclose(kl, want, rtol=1e-12, atol=0)
+    assert kl.shape == z.shape[:2] and (kl[0] > 0).all()   # rows 0 and 2 differ; row 1 is itself
+    np.testing.assert_allclose(fast.kl_divergence(lp, lp), 0, atol=1e-15)

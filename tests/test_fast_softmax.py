@@ -29,3 +29,19 @@ def test_the_inplace_softmax_of_attention_equals_the_kernel():
     shifted = x.copy()
     assert fast._softmax_shifted_inplace(shifted, m)
     assert_equal_to_kernel(shifted, kern.softmax_forward(x)[0], np.float64)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_the_samplers_softmax_is_the_kernel_to_the_bit(dtype):
+    """fast.softmax.softmax (what the samplers draw from) does the kernel's operations in its order:
+    equal to softmax_forward bit for bit; softmax_weights is π / max π, its top entry exactly 1."""
+    rng = np.random.default_rng(2)
+    z = (4 * rng.standard_normal((6, 50))).astype(dtype)
+    z[:, ::7] = -np.inf                                   # filtered tokens (a sampler's −∞)
+    s = fast.softmax(z)
+    s_k = kern.softmax_forward(z)[0]
+    assert_equal_to_kernel(s, s_k, dtype)
+    assert np.array_equal(s, s_k)                         # tolerance 0: the same operations
+    w = fast.softmax_weights(z)
+    assert w.dtype == np.dtype(dtype) and np.all(w.max(axis=-1) == 1) and np.all(w[:, ::7] == 0)
+    assert_equal_to_kernel(w, s_k / s_k.max(axis=-1, keepdims=True), dtype)

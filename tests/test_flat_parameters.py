@@ -132,3 +132,51 @@ def test_parameter_attributes_are_declared_by_assignment():
     assert lin.param_attributes() == [("b", "b")]
     lin.W = lin.params["W"]
     assert sorted(lin.param_attributes()) == [("W", "W"), ("b", "b")]
+
+
+def test_the_flat_layout_names_each_parameters_slice():
+    """``flat_layout()``: name -> (offset, shape), written once by ``flatten_parameters``: each
+    parameter is ``P[offset:offset + size].reshape(shape)`` (writing there changes it) and its
+    gradient the same slice of G; the slices tile P; a tied weight has one slice under both names."""
+    m = TinyGPT(d_model=16, n_heads=2, n_layers=2, max_len=8, vocab_size=32, seed=0,
+                tie_embeddings=True)
+    P, G = m.flat_buffers()
+    layout = m.flat_layout()
+    assert sorted(layout) == sorted(n for n, _, _ in m.named_parameters())
+    assert layout["wte.W"] == layout["lm_head.W"]
+    for name, p, g in m.named_parameters():
+        at, shape = layout[name]
+        assert shape == p.shape
+        assert np.array_equal(P[at:at + p.size].reshape(shape), p)
+        P[at] += 1.0                                             # the same memory
+        G[at + p.size - 1] = 7.0
+        assert p.reshape(-1)[0] == P[at] and g.reshape(-1)[-1] == 7.0
+        P[at] -= 1.0
+    places = sorted({layout[n][0]: p.size for n, p, _ in m.named_parameters()}.items())
+    assert [a for a, _ in places] == list(np.cumsum([0] + [s for _, s in places])[:-1])
+    assert sum(s for _, s in places) == P.size                   # the slices tile P
+
+
+def test_the_layout_is_none_when_the_tree_no_longer_matches_it():
+    m = TinyGPT(d_model=16, n_heads=2, n_layers=1, max_len=8, seed=0)
+    assert m.flat_layout() is not None and m.frozen_mask() is not None
+    m.replace("lm_head", Linear(16, 256, seed=1))             # new arrays: not in the buffers
+    assert m.flat_buffers() is None and m.flat_layout() is None and m.frozen_mask() is None
+    b = FeedForward(4, 8, "gelu", dtype=np.float64)
+    b.flatten_parameters()
+    b.fc3 = b.fc2                                              # the same arrays under a new name
+    assert b.flat_buffers() is not None and b.flat_layout() is None
+
+
+def test_the_frozen_mask_marks_the_frozen_parameters_places():
+    m = TinyGPT(d_model=16, n_heads=2, n_layers=2, max_len=8, seed=0)
+    m.blocks[0].attn.freeze()
+    m.lm_head.freeze("b")
+    mask, layout = m.frozen_mask(), m.flat_layout()
+    expect = np.zeros(mask.size, bool)
+    for name, p, g in m.named_parameters():
+        at, _ = layout[name]
+        expect[at:at + p.size] = g is None
+    assert np.array_equal(mask, expect)
+    assert mask.sum() == sum(p.size for n, p, g in m.named_parameters() if g is None) > 0
+    assert not m.flat_buffers()[1][mask].any()                 # their gradient places stay zero

@@ -182,7 +182,7 @@ def test_merge_gives_the_same_logits_and_a_plain_model():
     merge_lora(model)
     assert not any(isinstance(m, LoRALinear) for m in model.modules())
     assert model.num_parameters() == tiny().num_parameters() and model.flat_buffers() is not None
-    assert kv_cache.Decoder(model).lean                       # merged: TinyGPT's lean decode step
+    assert all(c.lean for c in kv_cache.new_caches(model, 1))  # merged: TinyGPT's row paths
     np.testing.assert_allclose(model.forward(x), unmerged, rtol=1e-5, atol=1e-5)
 
 
@@ -254,3 +254,40 @@ def test_the_fingerprint_of_the_adapters_view_is_the_base_models():
     assert fingerprint(model) == fingerprint(Adapters(model)) == before
     assert before != fingerprint(TinyGPT(d_model=16, n_heads=2, n_layers=1, max_len=8,
                                          vocab_size=32, seed=1))
+
+
+def test_lora_swaps_its_layers_through_module_replace(monkeypatch):
+    """``apply_lora`` and ``merge_lora`` find the linear layers with ``Module.named_layers`` and
+    swap each with ``Module.replace``: one call per adapted layer, and nothing else moves."""
+    from tformer.nn.layers import Module
+    from tformer.nn.lora import linear_layers
+    calls = []
+    real = Module.replace
+    monkeypatch.setattr(Module, "replace", lambda self, path, new: calls.append(path) or real(self, path, new))
+    model = tiny()
+    assert [p for p, _ in linear_layers(model)] == [p for p, m in model.named_modules()
+                                                    if isinstance(m, Linear)]
+    paths = apply_lora(model, 2, targets="attn")
+    assert calls == paths and len(paths) == 4                   # qkv and o of two blocks
+    assert [p for p, _ in linear_layers(model)] == [p for p, m in model.named_modules()
+                                                    if isinstance(m, (Linear, LoRALinear))
+                                                    and not p.endswith(".base")]
+    calls.clear()
+    merge_lora(model)
+    assert calls == paths
+
+
+def test_lora_keeps_its_own_dY_W_transposed_where_bfloat16_rounds_otherwise():
+    """LoRA forms dY Wᵀ with ``@`` (its bits, kept): in bfloat16 ``@`` returns float32 where the
+    frozen base's backward (``fast.linear.linear_backward_without_dW``) rounds to bfloat16; in
+    float32 and float64 the two are the same product, bit for bit."""
+    from tformer.core.dtypes import bfloat16
+    from tformer.fast import linear as fast_linear
+    rng = np.random.default_rng(0)
+    for dt, same in ((np.float64, True), (np.float32, True), (bfloat16, False)):
+        x, dy = rng.standard_normal((6, 5)).astype(dt), rng.standard_normal((6, 4)).astype(dt)
+        W = rng.standard_normal((5, 4)).astype(dt)
+        ours = dy @ W.T
+        kernel, _ = fast_linear.linear_backward_without_dW(dy, (x, W, False))
+        assert (ours.dtype == kernel.dtype and np.array_equal(ours, kernel)) == same
+        assert np.abs(ours.astype(np.float64) - kernel.astype(np.float64)).max() < 0.05

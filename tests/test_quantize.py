@@ -296,3 +296,18 @@ def test_quantize_command_and_generate(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:             # a usage error, not a traceback
         cli(["quantize", out, "--out", str(tmp_path / "again.npz")])
     assert e.value.code == 2 and "already quantized" in capsys.readouterr().err
+
+
+def test_int8_swaps_its_layers_through_module_replace(monkeypatch):
+    """``quantize_model`` finds its layers with ``Module.named_layers`` and swaps each with
+    ``Module.replace``: one call per Linear and Embedding, depth first."""
+    from tformer.nn.layers import Module
+    calls = []
+    real = Module.replace
+    monkeypatch.setattr(Module, "replace", lambda self, path, new: calls.append(path) or real(self, path, new))
+    model = tiny().eval()
+    expect = [p for p, m in model.named_modules() if isinstance(m, (Linear, Embedding))]
+    assert [p for p, _ in model.named_layers(Linear, Embedding)] == expect
+    quantize_model(model, "w8")
+    assert calls == expect
+    assert [p for p, _ in model.named_layers(QuantizedLinear, QuantizedEmbedding)] == expect

@@ -9,6 +9,8 @@
   of its own) and this file does not. A file may use its own private names on other instances of
   its classes (``Module`` on the modules of its tree). ``ALLOWED`` would list an exception with
   its reason; it is empty.
+- No file finds where an array lives by pointer arithmetic (``__array_interface__``): a
+  parameter's place in the flat buffers is the table ``Module.flat_layout()``.
 
 The counts are printed; a planted violation of each kind fails the check.
 """
@@ -117,6 +119,17 @@ def private_reads(root, allowed=()):
     return found
 
 
+def pointer_arithmetic(root):
+    """``[(file, line)]`` of every ``__array_interface__`` (an attribute, or a name in a string)."""
+    found = []
+    for rel, tree in _parse(root).items():
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and node.attr == "__array_interface__") or (
+                    isinstance(node, ast.Constant) and node.value == "__array_interface__"):
+                found.append((rel, node.lineno))
+    return found
+
+
 def test_object_setattr_only_in_the_module_base_class():
     found = setattr_calls(PACKAGE)
     print(f"object.__setattr__ outside {BASE[1]}: {len(found)}")
@@ -127,6 +140,21 @@ def test_no_private_field_of_another_file_is_read():
     found = private_reads(PACKAGE, ALLOWED)
     print(f"private reads across files: {len(found)} (allowed: {len(ALLOWED)})")
     assert found == []
+
+
+def test_no_offset_is_found_by_pointer_arithmetic():
+    found = pointer_arithmetic(PACKAGE)
+    print(f"__array_interface__ uses: {len(found)}")
+    assert found == []
+
+
+def test_planted_pointer_arithmetic_fails(tmp_path):
+    (tmp_path / "optim.py").write_text(
+        "def offset(p, P):\n"
+        "    return (p.__array_interface__['data'][0] - P.ctypes.data) // P.itemsize\n"
+        "def other(p):\n"
+        "    return getattr(p, '__array_interface__')\n")
+    assert sorted(pointer_arithmetic(tmp_path)) == [("optim.py", 2), ("optim.py", 4)]
 
 
 def test_the_allow_list_is_still_needed():

@@ -327,13 +327,13 @@ def test_crop_forgets_positions_and_the_next_append_writes_after_them():
 
 def test_a_cropped_model_cache_gives_the_logits_of_a_fresh_one():
     target, _ = small_pair(np.float64, **MODERN)                       # RoPE: positions continue
-    step = kv_cache.Decoder(target)
     caches, fresh = kv_cache.new_caches(target, 1), kv_cache.new_caches(target, 1)
-    step(np.array([[1, 2, 3, 4, 5]]), caches)
+    target.forward(np.array([[1, 2, 3, 4, 5]]), kv_cache=caches)
     for c in caches:
         c.crop(2)
-    step(np.array([[1, 2]]), fresh)
-    np.testing.assert_allclose(step(np.array([[9, 8]]), caches), step(np.array([[9, 8]]), fresh),
+    target.forward(np.array([[1, 2]]), kv_cache=fresh)
+    np.testing.assert_allclose(target.forward(np.array([[9, 8]]), kv_cache=caches),
+                               target.forward(np.array([[9, 8]]), kv_cache=fresh),
                                rtol=0, atol=1e-13)
 
 

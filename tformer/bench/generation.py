@@ -67,10 +67,10 @@ def check_against_tformer(model, tm, prompt, n_check=32):
     from tformer.decoding.generate import greedy
     tokens = greedy(model, prompt, n_check)                                     # (B, T0 + n_check)
     T0 = prompt.shape[1]
-    step, caches = kv_cache.Decoder(model.eval()), kv_cache.new_caches(model, prompt.shape[0])
-    ours = [step(tokens[:, :T0], caches)[:, -1]]
+    caches = kv_cache.new_caches(model.eval(), prompt.shape[0])
+    ours = [model.forward(tokens[:, :T0], kv_cache=caches)[:, -1]]
     for t in range(T0, tokens.shape[1] - 1):
-        ours.append(step(tokens[:, t:t + 1], caches)[:, -1])
+        ours.append(model.forward(tokens[:, t:t + 1], kv_cache=caches)[:, -1])
     with torch.inference_mode():
         logits, past = tm.decode(torch.from_numpy(tokens[:, :T0]))
         theirs = [logits[:, -1].numpy()]

@@ -122,8 +122,9 @@ def interleaved(cases, repeats, warmup=2):
 
 
 def main(argv=None):
+    from tformer.runs.flag_groups import Flag, add_timing_flags
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=15, help="timed calls per case (after 2 warm-up calls)")
+    add_timing_flags(p, repeats=Flag(15, "timed calls per case (after 2 warm-up calls)"))
     args = p.parse_args(argv)
     rng = np.random.default_rng(0)
     for title, cases in (("attention, forward + backward", attention_cases(rng)),

@@ -157,9 +157,10 @@ def build(size):
 
 
 def main(argv=None):
+    from tformer.runs.flag_groups import Flag, add_training_flags
     p = argparse.ArgumentParser(description="Per-op profile of one TinyGPT training step.")
     p.add_argument("--size", default="small", choices=("small", "medium", "large"))
-    p.add_argument("--steps", type=int, default=5)
+    add_training_flags(p, steps=Flag(5, "profiled training steps"))
     p.add_argument("--clock", default="wall", choices=sorted(CLOCKS),
                    help="wall time, or the thread's CPU time (right with OPENBLAS_NUM_THREADS=1)")
     a = p.parse_args(argv)

@@ -115,14 +115,15 @@ def add_arguments(p):
     p.description = ("Training and generation, tformer against PyTorch (make bench). --threads N "
                      "sets every library's threads on both sides; without it, each runs on its "
                      "defaults.")
-    from tformer.runs.flags import add_flag, positive_int
+    from tformer.runs.flag_groups import (Flag, add_output_flags, add_timing_flags,
+                                          add_training_flags)
+    from tformer.runs.flags import positive_int
     p.add_argument("--sizes", type=_sizes, default="small,medium,large",
                    help="training sizes, a comma-separated subset of " + ", ".join(SIZES)
                         + " ('' to skip training)")
-    p.add_argument("--rounds", type=positive_int, default=3,
-                   help="every measurement this many times")
-    add_flag(p, "--steps", 10, "timed training steps per side and round")
-    add_flag(p, "--warmup", 2, "untimed training steps first")
+    add_timing_flags(p, rounds=Flag(3, "every measurement this many times"))
+    add_training_flags(p, steps=Flag(10, "timed training steps per side and round"),
+                       warmup=Flag(2, "untimed training steps first"))
     p.add_argument("--min-time", type=_min_time, default=2.0,
                    help="time more than --steps training steps until they take this many seconds "
                         "(both sides, each round)")
@@ -136,10 +137,9 @@ def add_arguments(p):
     p.add_argument("--gen-prompt", type=_gen_tokens, default=16, help="prompt tokens")
     p.add_argument("--gen-reps", type=positive_int, default=3,
                    help="timed generations per cached side and round (without the cache: one)")
-    p.add_argument("--no-torch", action="store_true", help="tformer alone")
-    p.add_argument("--out", default=None,
-                   help="the JSON file to write (default: book/data/bench_<CPU vendor>.json, "
-                        "e.g. bench_intel.json)")
+    add_output_flags(p, out=Flag(None, "the JSON file to write (default: "
+                                       "book/data/bench_<CPU vendor>.json, e.g. bench_intel.json)"),
+                     no_torch=Flag(False, "tformer alone"))
 
 
 def unused_flags(a):

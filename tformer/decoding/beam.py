@@ -19,6 +19,7 @@ import itertools
 import numpy as np
 
 from tformer.core.validate import index_range, int_array
+from tformer.fast.losses import log_softmax, sequence_logp
 
 
 def gnmt_penalty(length, alpha):
@@ -26,11 +27,9 @@ def gnmt_penalty(length, alpha):
     return ((5.0 + np.asarray(length, dtype=np.float64)) / 6.0) ** alpha
 
 
-def log_softmax(z):
-    """log p = z − m − log Σ e^{z − m} over the last axis, in float64 (scores are summed over steps)."""
-    z = np.asarray(z, dtype=np.float64)
-    z = z - z.max(axis=-1, keepdims=True)
-    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+def _logp(logits):
+    """log p = log_softmax(z) over the last axis, in float64 (scores are summed over steps)."""
+    return log_softmax(np.asarray(logits, dtype=np.float64))
 
 
 def _check(prompt, beam_width, max_new_tokens, length_penalty, max_len=None, vocab_size=None,
@@ -97,7 +96,7 @@ def beam_search(model, prompt, beam_width, max_new_tokens, length_penalty=0.0, s
     try:
         for t in range(1, L + 1):
             logits = model.forward(seqs.reshape(-1, seqs.shape[2]))[:, -1]   # (B·k, V)
-            seqs, scores, tok = _extend(seqs, scores, log_softmax(logits), k)
+            seqs, scores, tok = _extend(seqs, scores, _logp(logits), k)
             # finished: the live hypotheses that emitted stop_token, or all of them at the last step
             done = np.isfinite(scores) & (t == L or (tok == stop_token if stop_token is not None else False))
             best.add(seqs, scores / float(gnmt_penalty(t, alpha)), done, t)
@@ -173,16 +172,15 @@ def sequence_scores(model, prompt, continuations, length_penalty=0.0, stop_token
     was_training = model.training
     model.eval()
     try:
-        logp = log_softmax(model.forward(seqs[:, :-1])[:, T0 - 1:])        # (N, L, V)
+        logp = _logp(model.forward(seqs[:, :-1])[:, T0 - 1:])              # (N, L, V)
     finally:
         model.train(was_training)
-    step = np.take_along_axis(logp, continuations[:, :, None], axis=2)[:, :, 0]    # (N, L)
     lengths = np.full(N, L)
     if stop_token is not None:
         is_stop = continuations == stop_token
         lengths = np.where(is_stop.any(axis=1), is_stop.argmax(axis=1) + 1, L)
     counted = np.arange(L)[None, :] < lengths[:, None]                    # (N, L)
-    s = np.where(counted, step, 0.0).sum(axis=1)
+    s = sequence_logp(logp, continuations, counted)                        # (N,)
     return s / gnmt_penalty(lengths, float(length_penalty)), lengths
 
 

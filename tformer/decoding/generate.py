@@ -52,7 +52,7 @@ def _decode(model, prompt, max_new_tokens, pick, stop_token=None, use_cache=True
     """Append ``max_new_tokens`` tokens chosen by ``pick(last_logits: (B, V)) -> (B,)``."""
     check_decode(model, prompt, max_new_tokens)
     max_len = getattr(model, "max_len", None)
-    step = kv_cache.Decoder(model) if use_cache and kv_cache.supports(model) else None
+    cached = use_cache and kv_cache.supports(model)
     was_training = model.training
     model.eval()
     try:
@@ -60,7 +60,7 @@ def _decode(model, prompt, max_new_tokens, pick, stop_token=None, use_cache=True
         done = np.zeros(out.shape[0], bool)
         caches = None
         for _ in range(max_new_tokens):
-            logits, caches = _next_logits(model, out, caches, step, max_len)     # (B, ·, V)
+            logits, caches = _next_logits(model, out, caches, cached, max_len)   # (B, ·, V)
             nxt = np.asarray(pick(logits[:, -1]), dtype=np.int64)              # (B,)
             if stop_token is not None:
                 nxt = np.where(done, stop_token, nxt)
@@ -73,19 +73,19 @@ def _decode(model, prompt, max_new_tokens, pick, stop_token=None, use_cache=True
         model.train(was_training)
 
 
-def _next_logits(model, out, caches, step, max_len):
+def _next_logits(model, out, caches, cached, max_len):
     """The logits after the tokens ``out`` (B, T), and the caches for the next step.
 
-    With a filled cache only the last token is fed through ``step`` (a ``kv_cache.Decoder``;
-    (B, 1, V)); otherwise the last ``max_len`` tokens are fed whole (B, ≤ max_len, V), filling
-    new caches while there is room left, else through the model's own forward pass."""
+    The model's own forward pass, every time: with a filled cache (``cached``: the model decodes
+    with one) only the last token is fed (B, 1, V); otherwise the last ``max_len`` tokens are fed
+    whole (B, ≤ max_len, V), filling new caches while there is room left, else without one."""
     T = out.shape[1]
-    if step is not None and caches is not None and T <= max_len:
-        return step(out[:, -1:], caches), caches                              # (B, 1, V)
+    if caches is not None and T <= max_len:
+        return model.forward(out[:, -1:], kv_cache=caches), caches           # (B, 1, V)
     ctx = out if max_len is None else out[:, -max_len:]                       # (B, ≤ max_len)
-    if step is not None and T < max_len:                                      # room left: (re)fill
+    if cached and T < max_len:                                                # room left: (re)fill
         caches = kv_cache.new_caches(model, out.shape[0])
-        return step(ctx, caches), caches                                      # (B, T, V)
+        return model.forward(ctx, kv_cache=caches), caches                   # (B, T, V)
     return model.forward(ctx), None                                           # (B, T, V)
 
 

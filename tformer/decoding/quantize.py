@@ -175,13 +175,10 @@ _KINDS = {"linear": (Linear, QuantizedLinear, 0), "embedding": (Embedding, Quant
 
 def _quantizable(model):
     """``[(path, kind, module)]`` for every Linear / Embedding (or already quantized one) of
-    ``model``, depth first."""
-    found = []
-    for path, m in model.named_modules():
-        kind = next((k for k, (float_cls, q_cls, _) in _KINDS.items() if isinstance(m, (float_cls, q_cls))), None)
-        if path and kind and not any(path.startswith(f + ".") for f, _, _ in found):
-            found.append((path, kind, m))
-    return found
+    ``model``, depth first (``Module.named_layers``): what int8 swaps with ``Module.replace``."""
+    kinds = {cls: k for k, (float_cls, q_cls, _) in _KINDS.items() for cls in (float_cls, q_cls)}
+    return [(path, next(k for cls, k in kinds.items() if isinstance(m, cls)), m)
+            for path, m in model.named_layers(*kinds)]
 
 
 def _weight_shape(module):

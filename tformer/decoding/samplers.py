@@ -28,6 +28,8 @@ import numbers
 
 import numpy as np
 
+from tformer.fast.softmax import softmax, softmax_weights
+
 
 def _is_number(x):
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
@@ -52,12 +54,6 @@ def check_sampling(temperature=1.0, top_k=None, top_p=None, min_p=None):
     if min_p is not None and not (_is_number(min_p) and 0 <= min_p <= 1):
         raise ValueError(f"min_p: expected a fraction of the largest probability in [0, 1], "
                          f"got {min_p!r}")
-
-
-def _softmax(z):
-    """π = softmax(z) along the last axis, in the dtype of ``z`` (−∞ gives exactly 0)."""
-    e = np.exp(z - z.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
 
 
 def top_k_filter(logits, k):
@@ -93,7 +89,7 @@ def top_p_filter(logits, p):
         raise ValueError(f"p: expected a probability in (0, 1], got {p!r}")
     if p == 1.0:                                     # the whole mass: nothing is cut
         return logits.copy()
-    probs = _softmax(logits)                                                   # (..., V)
+    probs = softmax(logits)                                                    # (..., V)
     order = np.argsort(-probs, axis=-1, kind="stable")                         # (..., V)
     sorted_p = np.take_along_axis(probs, order, axis=-1)
     tail = np.cumsum(sorted_p[..., ::-1], axis=-1)[..., ::-1]                  # t_j, smallest first
@@ -113,7 +109,7 @@ def min_p_filter(logits, min_p):
     """
     if not 0.0 <= min_p <= 1.0:
         raise ValueError(f"min_p: expected a fraction in [0, 1], got {min_p!r}")
-    ratio = np.exp(logits - logits.max(axis=-1, keepdims=True))                # π_v / max π
+    ratio = softmax_weights(logits)                                            # π_v / max π
     return np.where(ratio >= min_p, logits, -np.inf)
 
 
@@ -145,7 +141,7 @@ def probabilities(logits, temperature=1.0, top_k=None, top_p=None, min_p=None):
         one_hot = np.zeros(z.shape)                                            # (B, V)
         np.put_along_axis(one_hot, z.argmax(axis=-1)[..., None], 1.0, axis=-1)
         return one_hot
-    return _softmax(filter_logits(logits, temperature, top_k, top_p, min_p))
+    return softmax(filter_logits(logits, temperature, top_k, top_p, min_p))
 
 
 def draw(weights, rng):
@@ -173,5 +169,4 @@ def sample_from_logits(logits, rng, temperature=1.0, top_k=None, top_p=None, min
     if temperature == 0:                       # every filter keeps the argmax: it is the answer
         return logits.astype(np.float64).argmax(axis=-1)
     z = filter_logits(logits, temperature, top_k, top_p, min_p)                # (B, V)
-    z -= z.max(axis=-1, keepdims=True)
-    return draw(np.exp(z), rng)                                                # 0 where filtered
+    return draw(softmax_weights(z), rng)                                       # 0 where filtered

@@ -135,15 +135,15 @@ def speculative_sample(target, draft, prompt, max_new_tokens, lookahead=4, tempe
 
 def _rounds(target, draft, prompt, max_new_tokens, k, rng, filters):
     out, stats = prompt.astype(np.int64), Stats()                             # (1, t)
-    step_p, step_q = kv_cache.Decoder(target), kv_cache.Decoder(draft)
     caches_p, caches_q = kv_cache.new_caches(target, 1), kv_cache.new_caches(draft, 1)
     end = out.shape[1] + max_new_tokens
     while out.shape[1] < end and out.shape[1] <= target.max_len:
         t = out.shape[1]
         k_r = round_size(k, t, end - t, target.max_len, draft.max_len)
-        drafts, q = _propose(step_q, caches_q, out, k_r, rng, filters)         # (k_r,), (k_r, V)
+        drafts, q = _propose(draft, caches_q, out, k_r, rng, filters)          # (k_r,), (k_r, V)
         fed = np.concatenate([out[:, caches_p[0].t:], drafts[None]], axis=1)   # (1, ·)
-        p = probabilities(step_p(fed, caches_p)[0, -(k_r + 1):], **filters)    # (k_r + 1, V)
+        logits = target.forward(fed, kv_cache=caches_p)                        # (1, ·, V)
+        p = probabilities(logits[0, -(k_r + 1):], **filters)                   # (k_r + 1, V)
         a, y = verify(p, q, drafts, rng)
         out = np.concatenate([out, drafts[None, :a], [[y]]], axis=1)           # (1, t + a + 1)
         for cache in caches_p + caches_q:                                      # forget the rejected
@@ -155,12 +155,13 @@ def _rounds(target, draft, prompt, max_new_tokens, k, rng, filters):
     return out.astype(prompt.dtype, copy=False), stats
 
 
-def _propose(step_q, caches_q, out, k, rng, filters):
+def _propose(draft, caches_q, out, k, rng, filters):
     """k drafts d_i ~ q_i, each fed back to the draft but the last: ``((k,), (k, V))``."""
     drafts, q = np.zeros(k, np.int64), []
     fed = out[:, caches_q[0].t:]                                               # not yet cached
     for i in range(k):
-        q.append(probabilities(step_q(fed, caches_q)[0, -1:], **filters)[0])   # q_i: (V,)
+        logits = draft.forward(fed, kv_cache=caches_q)                         # (1, ·, V)
+        q.append(probabilities(logits[0, -1:], **filters)[0])                  # q_i: (V,)
         drafts[i] = draw(q[i][None], rng)[0]                                   # d_i ~ q_i
         fed = drafts[None, i:i + 1]                                            # (1, 1)
     return drafts, np.array(q)

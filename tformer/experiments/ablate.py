@@ -50,34 +50,29 @@ CONFIG_KEYS = ("d_model", "n_heads", "n_layers", "max_len", "batch_size", "steps
 
 
 def add_arguments(p):
-    from tformer.runs.flags import add_flag, positive_int
-    p.add_argument("--out", default=DEFAULT_OUT, help="the JSON file to write")
-    p.add_argument("--text", metavar="FILE", default=None,
-                   help="train on this file instead of the standard-library corpus")
-    add_flag(p, "--d-model", 64)
-    add_flag(p, "--n-heads", 4)
-    add_flag(p, "--n-layers", 2)
-    add_flag(p, "--max-len", 64)
-    add_flag(p, "--batch-size", 32)
-    add_flag(p, "--steps", 500, "optimizer steps of every run")
-    add_flag(p, "--lr", 3e-3, "peak learning rate (run tinygpt's)")
-    add_flag(p, "--high-lr", 3e-2, "peak learning rate of the pre/post study")
+    from tformer.runs.flag_groups import (Flag, add_checkpoint_flags, add_data_flags,
+                                          add_model_flags, add_output_flags, add_training_flags)
+    from tformer.runs.flags import learning_rate, positive_int
+    add_output_flags(p, out=DEFAULT_OUT)
+    add_data_flags(p, text=Flag(None, "train on this file instead of the standard-library corpus"))
+    add_model_flags(p, d_model=64, n_heads=4, n_layers=2, max_len=64)
+    add_training_flags(p, batch_size=32, steps=Flag(500, "optimizer steps of every run"),
+                       lr=Flag(3e-3, "peak learning rate (run tinygpt's)"))
+    p.add_argument("--high-lr", type=learning_rate, default=3e-2,
+                   help="peak learning rate of the pre/post study")
     p.add_argument("--min-lr-ratio", type=_ratio, default=0.1,
                    help="final learning rate / peak, in [0, 1]")
-    add_flag(p, "--warmup", 50)
-    add_flag(p, "--weight-decay", 0.1)
-    add_flag(p, "--clip", 1.0)
-    p.add_argument("--eval-every", type=positive_int, default=50,
-                   help="validation loss every this many steps")
-    p.add_argument("--eval-windows", type=positive_int, default=64,
-                   help="windows of the intermediate evaluations")
-    add_flag(p, "--n-kv-heads", None, "key/value heads of gqa (default H/2)")
-    add_flag(p, "--seeds", [0, 1, 2], nargs="+")
+    add_training_flags(p, warmup=50, weight_decay=0.1, clip=1.0,
+                       eval_every=Flag(50, "validation loss every this many steps",
+                                       type=positive_int),
+                       eval_windows=Flag(64, "windows of the intermediate evaluations"))
+    add_model_flags(p, n_kv_heads=Flag(None, "key/value heads of gqa (default H/2)"))
+    add_training_flags(p, seeds=[0, 1, 2])
     p.add_argument("--only", nargs="+", default=None, metavar="NAME",
                    help="run only these configurations (names as in the file)")
-    p.add_argument("--resume", action="store_true",
-                   help="keep the runs of an existing --out made with the same configuration")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_checkpoint_flags(p, resume=Flag(False, "keep the runs of an existing --out made with the "
+                                               "same configuration"))
+    add_output_flags(p, no_progress=False)
 
 
 def _ratio(text):

@@ -41,7 +41,9 @@ from tformer.core.progress import progress
 from tformer.core.provenance import record
 from tformer.training.schedules import cosine_with_warmup
 from tformer.runs.fits import check_fits
-from tformer.runs.flags import UsageError, add_flag, heads_divide, text_file
+from tformer.runs.flag_groups import (Flag, add_data_flags, add_model_flags, add_output_flags,
+                                      add_training_flags)
+from tformer.runs.flags import UsageError, heads_divide, probability, text_file
 from tformer.runs.declare import reads, writes
 from tformer.training.train import train
 
@@ -52,28 +54,21 @@ CONFIG_KEYS = ("vocab_sizes", "seeds", "d_model", "n_heads", "n_layers", "max_le
 
 
 def add_arguments(p):
-    p.add_argument("--out", default=DEFAULT_OUT, help="the JSON file to write")
-    p.add_argument("--text", metavar="FILE", default=None,
-                   help="use this file (one document) instead of the Shakespeare corpus")
-    add_flag(p, "--vocab-sizes", [256, 512, 1024, 2048], nargs="+",
-             help="vocabulary sizes V (256: bytes, no merge)")
-    add_flag(p, "--seeds", [0, 1, 2], nargs="+", help="one run per seed and V")
-    add_flag(p, "--d-model", 128, "width C")
-    add_flag(p, "--n-heads", 4, "attention heads H")
-    add_flag(p, "--n-layers", 4, "blocks")
-    add_flag(p, "--max-len", 64, "context length T, in tokens")
-    add_flag(p, "--batch-size", 12, "windows per step B")
-    add_flag(p, "--steps", 1000, "optimizer steps of every run")
-    add_flag(p, "--lr", 1e-3, "peak learning rate")
-    add_flag(p, "--min-lr", 1e-4, "learning rate at the last step")
-    add_flag(p, "--warmup", 100, "linear warm-up steps")
-    add_flag(p, "--beta2", 0.99, "AdamW's β₂ (β₁ = 0.9)")
-    add_flag(p, "--weight-decay", 0.1, "λ of AdamW's decoupled decay")
-    add_flag(p, "--clip", 1.0, "global gradient-norm clip")
-    add_flag(p, "--eval-every", 250, "validation every this many steps")
-    add_flag(p, "--eval-windows", 64, "windows of those evaluations")
-    add_flag(p, "--val-fraction", 0.1, "held-out tail of each document")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_output_flags(p, out=DEFAULT_OUT)
+    add_data_flags(p, text=Flag(None, "use this file (one document) instead of the Shakespeare "
+                                      "corpus"),
+                   vocab_sizes=[256, 512, 1024, 2048])
+    add_training_flags(p, seeds=Flag([0, 1, 2], "one run per seed and V"))
+    add_model_flags(p, d_model=128, n_heads=4, n_layers=4,
+                    max_len=Flag(64, "context length T, in tokens"))
+    add_training_flags(p, batch_size=12, steps=Flag(1000, "optimizer steps of every run"), lr=1e-3,
+                       min_lr=Flag(1e-4, "learning rate at the last step"), warmup=100)
+    p.add_argument("--beta2", type=probability, default=0.99, help="AdamW's β₂ (β₁ = 0.9)")
+    add_training_flags(p, weight_decay=0.1, clip=Flag(1.0, "global gradient-norm clip"),
+                       eval_every=Flag(250, "validation every this many steps"),
+                       eval_windows=Flag(64, "windows of those evaluations"))
+    add_data_flags(p, val_fraction=0.1)
+    add_output_flags(p, no_progress=False)
 
 
 def files(args):

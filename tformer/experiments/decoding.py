@@ -42,9 +42,10 @@ from tformer.core import parallel
 from tformer.core.atomic import write_json
 from tformer.decoding.generate import sample
 from tformer.models.tinygpt import TinyGPT
-from tformer.runs.flags import UsageError, positive_int
+from tformer.runs.flags import UsageError
 from tformer.runs.declare import may_read, reads, updates, writes
 from tformer.decoding.samplers import probabilities
+from tformer.fast.losses import log_softmax, token_logp
 from tformer.decoding.quantize import dequantized
 from tformer.decoding.speculative import speculative_sample
 from tformer.core.provenance import load_average, now, record
@@ -150,10 +151,8 @@ def distinct(words, n):
 def log_likelihood(model, tokens, start):
     """ln p(x_t | x_<t) under ``model``'s own distribution (temperature 1, no filter), for the
     tokens from position ``start`` on: ``tokens: (B, T)`` -> ``(B, T − start)``."""
-    z = model.forward(tokens[:, :-1]).astype(np.float64)                       # (B, T − 1, V)
-    z -= z.max(axis=-1, keepdims=True)
-    logp = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
-    picked = np.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]    # (B, T − 1)
+    logp = log_softmax(model.forward(tokens[:, :-1]).astype(np.float64))       # (B, T − 1, V)
+    picked = token_logp(logp, tokens[:, 1:])                                   # (B, T − 1)
     return picked[:, start - 1:]
 
 
@@ -233,8 +232,8 @@ def pass_seconds(model, prompt, ns, filters, rounds):
     through its KV cache, with the filtered distributions of the n positions (what a round's
     verification costs the target for n = k + 1, and one plain step for n = 1), the ``ns``
     interleaved round by round."""
-    dec, caches = kv_cache.Decoder(model), kv_cache.new_caches(model, 1)
-    dec(prompt, caches)
+    caches = kv_cache.new_caches(model, 1)
+    model.forward(prompt, kv_cache=caches)
     start = prompt.shape[1]
 
     def one(n):
@@ -242,7 +241,7 @@ def pass_seconds(model, prompt, ns, filters, rounds):
         def run():
             for c in caches:
                 c.crop(start)
-            probabilities(dec(fed, caches)[0], **filters)
+            probabilities(model.forward(fed, kv_cache=caches)[0], **filters)
         return run
     times = interleaved({n: one(n) for n in ns}, rounds)
     return {str(n): float(np.median(t)) for n, t in times.items()}
@@ -306,18 +305,19 @@ def speed_summary(times, stats, modes, drafts, lookaheads, alphas, n_tokens):
 
 def add_arguments(p):
     """The command's flags."""
-    p.add_argument("--out", default=DEFAULT_OUT, help="the JSON file to write")
+    from tformer.runs.flag_groups import Flag, add_data_flags, add_output_flags, add_timing_flags
+    add_output_flags(p, out=DEFAULT_OUT)
     p.add_argument("--target", default=None,
                    help="a TinyGPT checkpoint (float or int8) of the long run's shape to measure "
                         "instead of the shipped int8 model")
-    p.add_argument("--tokenizer", default=None,
-                   help="with --target: its tokenizer (JSON); default: the shipped one if it "
-                        "exists, else the sweep's tokenizer trained anew")
+    add_data_flags(p, tokenizer=Flag(None, "with --target: its tokenizer (JSON); default: the "
+                                           "shipped one if it exists, else the sweep's tokenizer "
+                                           "trained anew"))
     p.add_argument("--drafts", default=DATA, help="the folder of the drafts (trained if missing)")
     p.add_argument("--modes", nargs="+", choices=sorted(MODES), default=list(MODES),
                    help="decoding settings to time: sampling at temperature 1, greedy")
     p.add_argument("--prompts", type=_prompt_count, default=16, help="prompts timed per round")
-    p.add_argument("--rounds", type=positive_int, default=3, help="interleaved timing rounds")
+    add_timing_flags(p, rounds=3)
     p.add_argument("--texts", type=_prompt_count, default=64,
                    help="target-sampled texts on which α is computed exactly")
 

@@ -39,7 +39,9 @@ from tformer.decoding.quantize import quantize_model, save_quantized
 from tformer.training.train import train
 from tformer.runs import tinygpt
 from tformer.runs.quantize_cmd import float32_weights_bytes, val_bpb
-from tformer.runs.flags import add_flag, new_tokens, positive_int
+from tformer.runs.flag_groups import (Flag, add_output_flags, add_sampling_flags, add_timing_flags,
+                                      add_training_flags)
+from tformer.runs.flags import positive_int
 from tformer.core.timing import best_seconds as _time, interleaved
 
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -53,11 +55,11 @@ def batch_cut(model, a):
 
 def add_arguments(p):
     """The command's flags."""
-    p.add_argument("--out", default=DEFAULT_OUT, help="the JSON file to write")
-    add_flag(p, "--steps", None, "training steps (default: run tinygpt's)")
-    add_flag(p, "--time-rounds", 5, "interleaved rounds of the step timing")
+    add_output_flags(p, out=DEFAULT_OUT)
+    add_training_flags(p, steps=Flag(None, "training steps (default: run tinygpt's)"))
+    add_timing_flags(p, time_rounds=Flag(5, "interleaved rounds of the step timing"))
     p.add_argument("--time-steps", type=positive_int, default=3, help="steps per precision and round")
-    add_flag(p, "--gen-tokens", 64, "bytes generated per timing of generation")
+    add_sampling_flags(p, gen_tokens=Flag(64, "bytes generated per timing of generation"))
 
 
 def check_flags(args):

@@ -44,6 +44,8 @@ from tformer.data.words import corpus_words, share
 from tformer.decoding.generate import sample
 from tformer.runs.declare import beside, reads, updates, writes
 from tformer.runs.files import MALFORMED, read_checkpoint_file
+from tformer.runs.flag_groups import (Flag, add_checkpoint_flags, add_output_flags,
+                                      add_training_flags)
 from tformer.runs.flags import UsageError, positive_float, positive_int
 from tformer.training.train import train
 from tformer.experiments import scaling_fit as sf
@@ -173,17 +175,16 @@ def add_arguments(p):
     p.add_argument("--budget", type=positive_float, default=None,
                    help=f"with --predict: FLOPs, at least {MIN_FACTOR:g}× the sweep's largest budget "
                         f"and at most {MAX_BUDGET:g} (None: {DEFAULT_BUDGET:g})")
-    p.add_argument("--out", default=DEFAULT_OUT, help="the prediction, and then the result")
-    p.add_argument("--checkpoint", default=DEFAULT_CHECKPOINT, help="where the run saves itself")
-    p.add_argument("--checkpoint-every", type=positive_int, default=500,
-                   help="write the checkpoint every this many steps")
-    p.add_argument("--eval-every", type=positive_int, default=1000,
-                   help="measure nats/char of the yardstick and the training split this often")
-    p.add_argument("--resume", action="store_true", help="continue from --checkpoint")
+    add_output_flags(p, out=Flag(DEFAULT_OUT, "the prediction, and then the result"))
+    add_checkpoint_flags(p, checkpoint=Flag(DEFAULT_CHECKPOINT, "where the run saves itself"),
+                         checkpoint_every=Flag(500, type=positive_int))
+    add_training_flags(p, eval_every=Flag(1000, "measure nats/char of the yardstick and the "
+                                                "training split this often", type=positive_int))
+    add_checkpoint_flags(p, resume=Flag(False, "continue from --checkpoint"))
     p.add_argument("--ship", default=SHIPPED_MODEL,
                    help=f"where to write the int8 (w8) model for readers ('' : do not); its "
                         f"tokenizer is written beside it, as {os.path.basename(SHIPPED_TOKENIZER)}")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_output_flags(p, no_progress=False)
 
 
 def ship_tokenizer(ship_path):

@@ -43,7 +43,7 @@ from tformer.training.optim import AdamW, clip_grad_norm
 from tformer.core.provenance import load_average, record
 from tformer.experiments import lora_train as L
 from tformer.core.timing import interleaved
-from tformer.runs.flags import add_flag
+from tformer.runs.flag_groups import Flag, add_output_flags, add_timing_flags, add_training_flags
 
 DEFAULT_OUT = "book/data/lora.json"
 LORA_TARGETS = ("attn", "all")
@@ -60,11 +60,11 @@ TIMED = "lora-attn-r4"             # the method whose products are timed against
 
 
 def add_arguments(p):
-    p.add_argument("--out", default=DEFAULT_OUT, help="the JSON file to write")
-    add_flag(p, "--steps", 300, "fine-tuning steps of every method")
-    add_flag(p, "--seeds", [1, 2, 3], "fine-tuning seeds (batches, adapter and scratch "
-             "initialisation)", nargs="+")
-    add_flag(p, "--time-rounds", 15, "interleaved rounds of step timing")
+    add_output_flags(p, out=DEFAULT_OUT)
+    add_training_flags(p, steps=Flag(300, "fine-tuning steps of every method"),
+                       seeds=Flag([1, 2, 3], "fine-tuning seeds (batches, adapter and scratch "
+                                             "initialisation)"))
+    add_timing_flags(p, time_rounds=Flag(15, "interleaved rounds of step timing"))
 
 
 def files(args):

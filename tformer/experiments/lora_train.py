@@ -16,7 +16,7 @@ import numpy as np
 from tformer.nn import functional as F
 from tformer.data.shakespeare import shakespeare_data
 from tformer.data.text import TextData, bits_per_byte, evaluate_loss
-from tformer.nn.lora import Adapters, LoRALinear, _linears, apply_lora
+from tformer.nn.lora import Adapters, LoRALinear, apply_lora, linear_layers
 from tformer.models.tinygpt import TinyGPT
 from tformer.training.optim import AdamW, cosine_with_warmup
 from tformer.training.train import train
@@ -124,7 +124,7 @@ def products(model, B, T):
     frozen, dW = Xᵀ dY; an adapter adds its six thin products; attention (per block, B·H heads
     of D = C / H): Q Kᵀ and P V forward, dP = dO Vᵀ, dV = Pᵀ dO, dQ = dS K, dK = dSᵀ Q."""
     N, out = B * T, []
-    for path, _, _, layer in _linears(model):
+    for path, layer in linear_layers(model):
         base = layer.base if isinstance(layer, LoRALinear) else layer
         ci, co = base.W.shape
         out += [(path + " X W", 1, N, ci, co), (path + " dX", 1, N, co, ci)]

@@ -61,18 +61,18 @@ def _buffer_sizes(text):
 
 
 def add_arguments(p):
-    from tformer.runs.flags import add_flag, positive_int
-    p.add_argument("--out", default=DEFAULT_OUT, help="the JSON file to write")
+    from tformer.runs.flag_groups import Flag, add_output_flags, add_timing_flags
+    from tformer.runs.flags import positive_int
+    add_output_flags(p, out=DEFAULT_OUT)
     p.add_argument("--lengths", type=_buffer_sizes,
                    default="1000,10000,100000,300000,1000000,3000000",
                    help="buffer sizes N (float32 numbers) of the all-reduce timings")
-    add_flag(p, "--reps", 30, "timed all-reduces per size (after 3 untimed)")
+    add_timing_flags(p, reps=Flag(30, "timed all-reduces per size (after 3 untimed)"))
     p.add_argument("--speed-steps", type=positive_int, default=20,
                    help="timed training steps per speed run")
     p.add_argument("--speed-batch", type=positive_int, default=64,
                    help="global batch of the speed runs (even: two ranks share it)")
-    p.add_argument("--repeats", type=positive_int, default=2,
-                   help="rounds of the speed runs (interleaved)")
+    add_timing_flags(p, repeats=Flag(2, "rounds of the speed runs (interleaved)"))
     p.add_argument("--curve-steps", type=positive_int, default=CURVE["steps"],
                    help=f"steps of the loss curves (more than their {CURVE['warmup']} warm-up "
                         f"steps)")

@@ -27,6 +27,8 @@ import time
 from tformer.core.atomic import write_json
 from tformer.core.rss import reset_peak, status_bytes
 from tformer.core.provenance import record
+from tformer.runs.flag_groups import (Flag, add_data_flags, add_output_flags, add_timing_flags,
+                                      add_training_flags)
 from tformer.runs.flags import nonnegative_int, positive_int
 from tformer.experiments.fresh import run_fresh
 
@@ -39,10 +41,10 @@ SWEEP = ([(T, 4, k) for T in (128, 256, 512, 1024) for k in (0, 1)]
 
 
 def add_arguments(p):
-    p.add_argument("--out", default=DEFAULT_OUT, help="the JSON file to write (parts not run are kept)")
-    p.add_argument("--parts", nargs="+", choices=["memory", "overhead", "batching", "grad_norms"],
-                   default=["memory", "overhead", "batching", "grad_norms"], help="what to measure")
-    p.add_argument("--reps", type=positive_int, default=3, help="timed training steps per configuration")
+    add_output_flags(p, out=Flag(DEFAULT_OUT, "the JSON file to write (parts not run are kept)"),
+                     parts=Flag(["memory", "overhead", "batching", "grad_norms"],
+                                "what to measure"))
+    add_timing_flags(p, reps=Flag(3, "timed training steps per configuration"))
     p.add_argument("--quick", action="store_true",
                    help="a few small configurations only (a smoke test, not the book's numbers)")
     p.add_argument("--batching-steps", type=positive_int, default=1500,
@@ -53,16 +55,15 @@ def add_arguments(p):
     p.add_argument("--modes", nargs="+", choices=["fixed", "bucketed", "sorted"],
                    default=["fixed", "bucketed", "sorted"],
                    help="which kinds of batches the batching comparison trains with")
-    p.add_argument("--seeds", type=nonnegative_int, nargs="+", default=[0, 1, 2],
-                   help="batching comparison: one run of each mode per seed (model, dropout, data)")
+    add_training_flags(p, seeds=Flag([0, 1, 2], "batching comparison: one run of each mode per "
+                                                "seed (model, dropout, data)"))
     p.add_argument("--dropout-stream", type=nonnegative_int, default=0,
                    help="batching comparison: N > 0 re-seeds the dropout masks after the weights "
                         "are drawn (a control: the same run but for dropout; entry "
                         "'batching_dropoutN')")
     p.add_argument("--chunk", type=positive_int, default=25,
                    help="batching comparison: the runs advance in turn by this many steps")
-    p.add_argument("--pool-size", type=positive_int, default=1024,
-                   help="bucketed batches: sequences sorted by length together")
+    add_data_flags(p, pool_size=1024)
     p.add_argument("--grad-norm-steps", type=positive_int, default=300,
                    help="training steps of each run of the gradient-norm comparison")
 

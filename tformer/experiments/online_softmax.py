@@ -44,14 +44,15 @@ def _length(text):
 
 
 def add_arguments(p):
-    from tformer.runs.flags import add_flag, positive_int
-    p.add_argument("--out", default=DEFAULT_OUT, help="the JSON file to write (parts not run are kept)")
-    p.add_argument("--parts", nargs="+", choices=["tiles", "sweep"], default=["tiles", "sweep"],
-                   help="tiles: the tile-size sweep; sweep: plain against flash over --lengths")
+    from tformer.runs.flag_groups import Flag, add_output_flags, add_timing_flags
+    from tformer.runs.flags import positive_int
+    add_output_flags(p, out=Flag(DEFAULT_OUT, "the JSON file to write (parts not run are kept)"),
+                     parts=Flag(["tiles", "sweep"], "tiles: the tile-size sweep; sweep: plain "
+                                                    "against flash over --lengths"))
     p.add_argument("--lengths", type=_length, nargs="+",
                    default=[256, 512, 1024, 2048, 4096, 8192, 16384],
                    help="sequence lengths T of the sweep")
-    add_flag(p, "--reps", 3, "timed forward + backward passes per measurement")
+    add_timing_flags(p, reps=Flag(3, "timed forward + backward passes per measurement"))
     p.add_argument("--tile-T", type=_length, default=2048, help="T of the tile-size sweep")
     p.add_argument("--tile-sizes", type=positive_int, nargs="+", default=list(TILE_SIZES),
                    help="query and key tile sizes tried (every pair), each at most --tile-T")

@@ -38,8 +38,8 @@ from tformer.core.atomic import write_json
 from tformer.tuning import pairs as PR
 from tformer.data.all_plays import all_plays_data, all_plays_documents, yardstick
 from tformer.data.meter import scans
-from tformer.kernels.losses import log_softmax
-from tformer.runs.flags import UsageError, add_flag
+from tformer.fast.losses import kl_divergence, log_softmax
+from tformer.runs.flags import UsageError
 from tformer.decoding.quantize import dequantized
 from tformer.runs.declare import reads, writes
 from tformer.tuning.tune import Pairs, objective, tune
@@ -65,9 +65,11 @@ SHOW = 6                      # lines shown per model in the result
 
 
 def add_arguments(p):
-    p.add_argument("--out", default=DEFAULT_OUT, help="the JSON file to write")
-    add_flag(p, "--steps", DEFAULT_STEPS, "training steps of every method")
-    add_flag(p, "--seeds", [1, 2, 3], "training seeds (order of the pairs, adapters' start)", nargs="+")
+    from tformer.runs.flag_groups import Flag, add_output_flags, add_training_flags
+    add_output_flags(p, out=DEFAULT_OUT)
+    add_training_flags(p, steps=Flag(DEFAULT_STEPS, "training steps of every method"),
+                       seeds=Flag([1, 2, 3], "training seeds (order of the pairs, adapters' "
+                                             "start)"))
     p.add_argument("--pairs-out", default="", help="also write the training pairs as JSON lines "
                    "(prompt, chosen, rejected), the input of `python -m tformer finetune --dpo`")
 
@@ -123,7 +125,7 @@ def kl_per_line(model, ref, prompt_ids, resp, lens, rows=32):
     for s in range(0, R.shape[0], rows):
         x, _, m = PR.sequences(P[s:s + rows], R[s:s + rows], lens[s:s + rows])
         lp, lq = log_softmax(model.forward(x)), log_softmax(ref.forward(x))
-        kl = (np.exp(lp) * (lp - lq)).sum(axis=-1)                         # (b, T)
+        kl = kl_divergence(lp, lq)                                         # (b, T)
         out.append(np.where(m, kl, 0).sum(axis=1))
     return np.concatenate(out)
 

@@ -41,8 +41,8 @@ from tformer.bench.flops import train_step_flops
 from tformer.models.tinygpt import TinyGPT
 from tformer.training.optim import AdamW
 from tformer.core.progress import progress
-from tformer.runs.flags import (UsageError, flops, idle, nonnegative_int, positive_int,
-                          positive_learning_rate)
+from tformer.runs.flag_groups import Flag, add_data_flags, add_output_flags, add_training_flags
+from tformer.runs.flags import UsageError, flops, idle, positive_int, positive_learning_rate
 from tformer.runs.declare import updates
 from tformer.training.schedules import cosine_with_warmup
 from tformer.training.train import train
@@ -242,21 +242,20 @@ def print_plan(runs, step_seconds):
 
 def add_arguments(p):
     """The command's flags."""
-    p.add_argument("--out", default=DEFAULT_OUT, help="the JSON file to write (and to resume)")
+    add_output_flags(p, out=Flag(DEFAULT_OUT, "the JSON file to write (and to resume)"))
     p.add_argument("--budgets", type=flops, nargs="+", default=list(DEFAULT_BUDGETS),
                    help="compute budgets C in FLOPs, one IsoFLOP profile each")
     p.add_argument("--sizes", type=positive_int, default=5, help="model shapes per budget")
-    p.add_argument("--vocab-sizes", type=positive_int, nargs="+", default=[DEFAULT_VOCAB],
-                   help="BPE vocabularies V (256: bytes), each trained on the training split")
-    p.add_argument("--seeds", type=nonnegative_int, nargs="+", default=[0],
-                   help="seeds, one run per seed")
+    add_data_flags(p, vocab_sizes=Flag([DEFAULT_VOCAB], "BPE vocabularies V (256: bytes), each "
+                                                       "trained on the training split",
+                                       type=positive_int))
+    add_training_flags(p, seeds=Flag([0], "seeds, one run per seed"))
     p.add_argument("--shapes", type=parse_shape, nargs="+", default=list(SHAPES),
                    help="the ladder of shapes LAYERSxWIDTH to choose from (e.g. 4x128)")
-    p.add_argument("--lr", type=positive_learning_rate, default=RECIPE["lr"],
-                   help="peak learning rate")
+    add_training_flags(p, lr=Flag(RECIPE["lr"], type=positive_learning_rate))
     p.add_argument("--plan-only", action="store_true",
                    help="time a step of every shape, print the plan and its expected time, exit")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_output_flags(p, no_progress=False)
 
 
 def parse_shape(text):

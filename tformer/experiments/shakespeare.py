@@ -37,7 +37,7 @@ from tformer.decoding.generate import sample
 from tformer.models.tinygpt import TinyGPT
 from tformer.training.optim import AdamW, cosine_with_warmup
 from tformer.core.progress import progress
-from tformer.runs.flags import add_flag, nonnegative_int, positive_int
+from tformer.runs.flag_groups import Flag, add_output_flags, add_training_flags
 from tformer.runs.tinygpt import forward_loss
 from tformer.training.train import train
 from tformer.core.provenance import load_average, record
@@ -57,11 +57,12 @@ DEFAULT_OUT = "book/data/shakespeare.json"
 
 def add_arguments(p):
     """The command's flags."""
-    p.add_argument("--out", default=DEFAULT_OUT, help="the JSON file to write")
-    p.add_argument("--seeds", type=nonnegative_int, nargs="+", default=[0, 1, 2],
-                   help="seeds of the initial weights and of the batches, one run each")
-    add_flag(p, "--steps", RECIPE["steps"], "optimizer steps (the recipe's 2000; fewer for a quick try)")
-    p.add_argument("--no-torch", action="store_true", help="skip the PyTorch twin's run")
+    add_output_flags(p, out=DEFAULT_OUT)
+    add_training_flags(p, seeds=Flag([0, 1, 2], "seeds of the initial weights and of the batches, "
+                                                "one run each"),
+                       steps=Flag(RECIPE["steps"], "optimizer steps (the recipe's 2000; fewer for "
+                                                   "a quick try)"))
+    add_output_flags(p, no_torch=Flag(False, "skip the PyTorch twin's run"))
 
 
 def files(args):

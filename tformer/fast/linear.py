@@ -1,5 +1,6 @@
-"""Y = X W + b and its gradients dX = dY Wᵀ, dW = Xᵀ dY, db = Σ_rows dY: the faster version of
-``tformer.kernels.linear`` (same results; ``tests/test_fast_linear.py`` holds them equal).
+"""Y = X W + b and its gradients dX = dY Wᵀ, dW = Xᵀ dY, db = Σ_rows dY (all three, or dX and db
+alone when W is frozen): the faster version of ``tformer.kernels.linear`` (same results;
+``tests/test_fast_linear.py`` holds them equal).
 
 What makes it faster: the rows are split across ``tformer.core.parallel`` threads, y is written into a
 buffer it is given (``out=``), dW and db are added into the running gradients inside the thread
@@ -56,14 +57,8 @@ def linear_backward(dy, cache, accumulate=None):
     dy2 = dy.reshape(-1, W.shape[1])                    # (N, C_out)
     x2 = x.reshape(-1, W.shape[0])                      # (N, C_in)
 
-    def input_and_bias_grads():
-        dx = matmul(dy2, W.T)                           # (N, C_in)
-        # Σ over the N rows as a vector-matrix product 1ᵀ dY₂: BLAS sums rows faster than sum(axis=0).
-        db = matmul(np.ones(dy2.shape[0], dy2.dtype), dy2) if has_b else None   # (C_out,)
-        if has_b and accumulate is not None:
-            np.add(accumulate[1], db, out=accumulate[1])
-            db = accumulate[1]
-        return dx, db
+    def input_and_bias_grads():                         # dX = dY Wᵀ and db = 1ᵀ dY
+        return linear_backward_without_dW(dy, cache, None if accumulate is None else accumulate[1])
 
     def weight_grad():
         dW = matmul(x2.T, dy2)                          # (C_in, C_out)
@@ -75,4 +70,23 @@ def linear_backward(dy, cache, accumulate=None):
     # they run side by side, each a whole product, so no sum is ever split. db (a pass over dY)
     # goes with dX, the accumulation into gW (a pass over W) with dW, to balance the two.
     (dx, db), dW = parallel.run_tasks(input_and_bias_grads, weight_grad)
-    return dx.reshape(x.shape), dW, db                  # (..., C_in), (C_in, C_out), (C_out,)
+    return dx, dW, db                                   # (..., C_in), (C_in, C_out), (C_out,)
+
+
+def linear_backward_without_dW(dy, cache, accumulate=None, bias=True):
+    """dX = dY Wᵀ, db = 1ᵀ dY (``kernels.linear.linear_backward_without_dW``): the backward pass
+    of a layer whose W is frozen, and the half of ``linear_backward`` that runs beside dW.
+
+    ``accumulate``: b's running gradient, to add db into (returned in place of db); ``bias=False``:
+    b is frozen too and db is not formed (None). ``dy: (..., C_out)`` -> ``(dx: (..., C_in), db)``.
+    """
+    x, W, has_b = cache
+    dy2 = dy.reshape(-1, W.shape[1])                    # (N, C_out)
+    dx = matmul(dy2, W.T)                               # (N, C_in)
+    db = None
+    if has_b and bias:
+        # Σ over the N rows as a vector-matrix product 1ᵀ dY₂: BLAS sums rows faster than sum(axis=0).
+        db = matmul(np.ones(dy2.shape[0], dy2.dtype), dy2)                  # (C_out,)
+        if accumulate is not None:
+            db = np.add(accumulate, db, out=accumulate)
+    return dx.reshape(x.shape), db

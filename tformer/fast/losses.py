@@ -1,4 +1,6 @@
-"""Losses, faster: mean squared error and cross-entropy, each with its gradient.
+"""Losses, faster: mean squared error and cross-entropy, each with its gradient; log-softmax and a
+sequence's log-probability with its gradient (DPO, beam search, the decoding and preference
+measurements: every log-probability the package takes outside a training step's loss).
 
 Equal to ``tformer.kernels.losses`` (``tests/test_fast_losses.py``). ``cross_entropy`` is the one
 that matters (every training step of a token model): softmax, log, the target's pick and the
@@ -6,11 +8,19 @@ gradient fused into one pass over each block of rows, the rows split across thre
 (``parallel.parallel_for``), each row shifted by its target's own logit (no reduction over V to
 find the maximum) and the row sums taken by BLAS. float16/bfloat16 logits are computed in float32.
 Non-finite logits raise FloatingPointError.
+
+``log_softmax`` does the kernel's operations in the kernel's order (a row maximum, NumPy's row
+sums, not BLAS's), so DPO's and beam search's log-probabilities are the kernel's to the bit; it
+makes fewer arrays. ``token_logp_backward`` makes no one-hot array (at the target it adds w to
+−w p, where the kernel multiplies p − 1 by −w: equal within rounding). ``token_logp``,
+``sequence_logp``, ``logistic_loss`` and ``kl_divergence`` are the kernels themselves.
 """
 import numpy as np
 
 from tformer.core import parallel
 from tformer.core.dtypes import is_low
+# The kernels themselves (a gather, a masked sum, B numbers, a product): nothing to make faster.
+from tformer.kernels.losses import kl_divergence, logistic_loss, sequence_logp, token_logp  # noqa: F401
 
 
 def mse_loss(y, target, reduction="mean"):
@@ -111,3 +121,36 @@ def _shifted_exp(zs, ps, m, ones_V):
         np.subtract(zs, m, out=ps)
         np.exp(ps, out=ps)
     return ps @ ones_V
+
+
+def log_softmax(z):
+    """log p = z − m − log Σ_k e^{z_k − m},  m = max_k z_k  (``kernels.losses.log_softmax``).
+
+    The kernel's operations in its order, so the same bits, with one array fewer: z − m is made
+    once and the result written over it. Shapes: ``z: (..., V)``  ->  ``log p: (..., V)``, z's dtype.
+    """
+    x = z - z.max(axis=-1, keepdims=True)                                    # z − m, the result
+    x -= np.log(np.exp(x).sum(axis=-1, keepdims=True))
+    return x
+
+
+def token_logp_backward(w, logp, targets, out=None):
+    """∂(Σ_t w_t log p_t[y_t])/∂z_t = w_t (onehot(y_t) − p_t)  (the kernel of the same name).
+
+    Written as −w p_t, then + w at the target: no one-hot array of logp's size.
+    ``out``: an array of logp's shape to write into (a half of a batch's gradient), else a new one.
+    Shapes: ``w: (...)``, ``logp: (..., V)``, ``targets: (...)``  ->  ``(..., V)``.
+    """
+    w = w[..., None]                                                        # (..., 1)
+    d = np.exp(logp, out=out)                                               # p_t = softmax(z_t)
+    np.multiply(d, -w, out=d)
+    y = targets[..., None]
+    np.put_along_axis(d, y, np.take_along_axis(d, y, axis=-1) + w, axis=-1)
+    return d
+
+
+def sequence_logp_backward(g, logp, targets, mask, out=None):
+    """∂(Σ_b g_b log π(y_b))/∂z_t = g_b m_t (onehot(y_t) − p_t): ``token_logp_backward`` with
+    w_t = g_b m_t. Shapes: ``g: (B,)``, ``logp: (B, T, V)``, ``targets, mask: (B, T)`` -> ``(B, T, V)``.
+    """
+    return token_logp_backward(g[:, None] * mask, logp, targets, out)

@@ -5,6 +5,10 @@ one array (the output) and works in place on it, sums rows by a BLAS matrix-vect
 the row maximum by ``fmax``, and lets attention normalise its scores in place (``_softmax_inplace``)
 or shift causal rows by the query's own score (``_softmax_shifted_inplace``). float16/bfloat16 run
 in float32. Defined edge cases: a row that is −inf everywhere gives zeros; NaN or +inf raises.
+
+``softmax`` and ``softmax_weights`` are the distribution a sampler draws from (a few rows of V, no
+backward): the kernel's operations in its order (the row maximum by ``max``, the row sums by
+NumPy's ``sum``), so the decoders' probabilities and tokens are the kernel's to the bit.
 """
 import numpy as np
 
@@ -17,6 +21,23 @@ def softmax_forward(x, axis=-1):
     s = _softmax_inplace(np.moveaxis(x, axis, -1).copy())    # the one new array: the output
     s = np.moveaxis(s, -1, axis)
     return s, SoftmaxCache(s, axis)
+
+
+def softmax_weights(z):
+    """w_v = e^{z_v − max_u z_u} = π_v / max_u π_u along the last axis: softmax before its division.
+
+    Shapes: ``z: (..., V)`` -> ``w: (..., V)``, each row's largest entry exactly 1 and a −inf
+    entry exactly 0. The weights a draw needs (π ∝ w) and min-p's ratio to the top probability.
+    """
+    return np.exp(z - z.max(axis=-1, keepdims=True))
+
+
+def softmax(z):
+    """π_v = w_v / Σ_u w_u,  w = ``softmax_weights(z)``: ``kernels.softmax.softmax_forward`` along the
+    last axis, to the bit, without the cache. Shapes: ``z: (..., V)`` -> ``π: (..., V)``."""
+    w = softmax_weights(z)
+    w /= w.sum(axis=-1, keepdims=True)
+    return w
 
 
 _NAN_OR_INF = "x: contains NaN or +inf; softmax of such a row is undefined"

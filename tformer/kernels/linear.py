@@ -1,4 +1,5 @@
-"""Linear layer kernel: Y = X W + b, and its three gradients, as the linear chapter derives them.
+"""Linear layer kernel: Y = X W + b, and its three gradients, as the linear chapter derives them;
+and the backward pass of a layer whose W is frozen (dX and db, no dW).
 
 The layers call the faster version ``tformer.fast.linear`` (threads, ``out=``, ``accumulate=``,
 float16/bfloat16), through ``tformer.nn.functional``; ``tests/test_fast_linear.py`` holds it equal to
@@ -45,3 +46,16 @@ def linear_backward(dy, cache):
     dW = x2.T @ dy2                                     # dW = Xᵀ dY   (C_in, C_out)
     db = dy2.sum(axis=0) if has_b else None             # db = Σ_rows dY   (C_out,)
     return dx.reshape(x.shape), dW, db
+
+
+def linear_backward_without_dW(dy, cache):
+    """dX = dY Wᵀ,  db = Σ_rows dY: the backward pass of a layer whose W is frozen (``Module.freeze``,
+    LoRA's base), where dW = Xᵀ dY is never formed.
+
+    Shapes: ``dy: (..., C_out)`` -> ``(dx: (..., C_in), db: (C_out,) or None)``.
+    """
+    x, W, has_b = cache
+    dy2 = dy.reshape(-1, W.shape[1])                    # (N, C_out)
+    dx = dy2 @ W.T                                      # dX = dY Wᵀ   (N, C_in)
+    db = dy2.sum(axis=0) if has_b else None             # db = Σ_rows dY   (C_out,)
+    return dx.reshape(x.shape), db

@@ -1,4 +1,5 @@
-"""Losses, each returning the loss and its gradient with respect to the prediction."""
+"""Losses, each returning the loss and its gradient with respect to the prediction, and the pieces
+of a sequence's log-probability (DPO, beam search, the decoding and preference measurements)."""
 import numpy as np
 
 
@@ -45,9 +46,17 @@ def nll_backward(logp, targets, valid):
 
     Shapes: ``logp: (..., V)``, ``targets, valid: (...)``  ->  ``dz: (..., V)``.
     """
-    onehot = np.arange(logp.shape[-1]) == targets[..., None]                   # (..., V)
     N = max(int(valid.sum()), 1)
-    return (np.exp(logp) - onehot) * valid[..., None] / N
+    return softmax_minus_onehot(logp, targets) * valid[..., None] / N
+
+
+def softmax_minus_onehot(logp, targets):
+    """∂(−log p_y)/∂z = p − onehot(y),  p = e^{log p}: the logit gradient of one token's −log p.
+
+    Shapes: ``logp: (..., V)``, ``targets: (...)`` integers in [0, V)  ->  ``(..., V)``.
+    """
+    onehot = np.arange(logp.shape[-1]) == targets[..., None]                   # (..., V)
+    return np.exp(logp) - onehot
 
 
 def cross_entropy(logits, targets, ignore_index=None):
@@ -62,3 +71,56 @@ def cross_entropy(logits, targets, ignore_index=None):
     targets = np.where(valid, targets, 0)                 # any class: these rows are masked out
     logp = log_softmax(logits)
     return nll(logp, targets, valid), nll_backward(logp, targets, valid)
+
+
+def token_logp(logp, targets):
+    """log p_t[y_t]: each position's log-probability of its target.
+
+    Shapes: ``logp: (..., V)`` (``log_softmax`` of the logits), ``targets: (...)`` integers in
+    [0, V)  ->  ``(...)``.
+    """
+    return np.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+
+
+def sequence_logp(logp, targets, mask):
+    """log π(y) = Σ_t m_t log p_t[y_t]: a sequence's log-probability, the sum of its tokens'
+    log-probabilities over the positions where the mask is set.
+
+    Shapes: ``logp: (B, T, V)`` (``log_softmax`` of the logits), ``targets: (B, T)`` integers in
+    [0, V), ``mask: (B, T)`` bool  ->  ``(B,)``.
+    """
+    return np.where(mask, token_logp(logp, targets), 0).sum(axis=1)          # (B,)
+
+
+def token_logp_backward(w, logp, targets):
+    """∂(Σ_t w_t log p_t[y_t])/∂z_t = −w_t (p_t − onehot(y_t))  (``softmax_minus_onehot``).
+
+    Shapes: ``w: (...)``, ``logp: (..., V)``, ``targets: (...)``  ->  ``(..., V)``.
+    """
+    return -w[..., None] * softmax_minus_onehot(logp, targets)
+
+
+def sequence_logp_backward(g, logp, targets, mask):
+    """∂(Σ_b g_b log π(y_b))/∂z_t = −g_b m_t (p_t − onehot(y_t)): ``token_logp_backward`` with
+    w_t = g_b m_t. Shapes: ``g: (B,)``, ``logp: (B, T, V)``, ``targets, mask: (B, T)`` -> ``(B, T, V)``.
+    """
+    return token_logp_backward(g[:, None] * mask, logp, targets)
+
+
+def logistic_loss(u):
+    """L = −log σ(u) = log(1 + e^{−u}) and σ(−u) = −dL/du: returns ``(L, σ(−u))``.
+
+    Both through logaddexp, log(1 + e^{−u}) = logaddexp(0, −u) and σ(−u) = e^{−logaddexp(0, u)}:
+    no e^{|u|} overflows, and σ(−u) is never 1 − σ(u) rounded to 0, however large u is (DPO's
+    loss of a pair, u = βΔ: the Bradley–Terry likelihood of the preferred order).
+    Shapes: ``u: (...)``  ->  ``(L: like u, σ(−u): like u)``.
+    """
+    return np.logaddexp(0, -u), np.exp(-np.logaddexp(0, u))
+
+
+def kl_divergence(logp, logq):
+    """KL(p ‖ q) = Σ_v p_v (log p_v − log q_v) along the last axis, p_v = e^{log p_v}.
+
+    Shapes: ``logp, logq: (..., V)`` log-probabilities (``log_softmax``)  ->  ``(...)``.
+    """
+    return (np.exp(logp) * (logp - logq)).sum(axis=-1)

@@ -10,6 +10,7 @@ piece each; their defaults are TinyGPT's.
 """
 import numpy as np
 
+from tformer.fast import decode as fast_decode
 from tformer.nn import functional as F
 from tformer.core.validate import index_range, int_array
 from tformer.nn.attention import check_attention
@@ -58,8 +59,9 @@ class TinyGPT(Module):
     either way.
 
     How the model is run is decided outside it: the batch cut across threads
-    (``tformer.training.batch_threads.BatchCut``, which ``tformer.training.train`` wraps around it), and
-    decoding with a KV cache (``tformer.decoding.kv_cache``, through each layer's own arithmetic).
+    (``tformer.training.batch_threads.BatchCut``, which ``tformer.training.train`` wraps around it).
+    Decoding runs this same forward with a KV cache (``forward(tokens, kv_cache)``, the caches from
+    ``tformer.decoding.kv_cache.new_caches``), every layer with its own arithmetic.
 
     Everything is kept in ``model.config`` (and so in checkpoints), with ``d_ff`` and
     ``n_kv_heads`` resolved to numbers.
@@ -105,20 +107,42 @@ class TinyGPT(Module):
         self.flatten_parameters()          # one flat buffer of parameters, one of gradients
         self.max_len = max_len
 
-    def forward(self, tokens):
+    def forward(self, tokens, kv_cache=None):
         """tokens: (B, T) -> logits (B, T, V).
 
-            X = W_te[tokens] + W_pe[:T]                 (B, T, C)
-            X ← block(X)                                n_layers times
+            X = W_te[tokens] + W_pe[s:s+T]              (B, T, C)
+            X ← block_i(X)                              i = 1 … n_layers
             Z = LN_f(X) W_lm + b_lm                     (B, T, V)
 
-        ``tokens`` must be an integer array (B, T) with B ≥ 1, 1 ≤ T ≤ max_len and ids in [0, V),
-        else ValueError or TypeError naming ``tokens`` (an empty batch has nothing to predict).
+        ``kv_cache`` (decoding): one ``KVCache`` per block (``tformer.decoding.kv_cache.new_caches``)
+        holding the s positions seen so far (s = 0 without one); ``tokens`` are the T positions
+        after them, and each attention layer reads the earlier keys and values from its cache and
+        appends the new ones, keeping nothing for a backward pass. One new position a sequence
+        (T = 1) goes through each layer's row path where the cache allows it and no kernel would
+        split the step (``tformer.fast.decode``): the same bits in fewer Python calls.
+
+        ``tokens`` must be an integer array (B, T) with B ≥ 1, T ≥ 1, s + T ≤ max_len and ids in
+        [0, V), else ValueError or TypeError naming ``tokens`` (an empty batch has nothing to
+        predict); a ``kv_cache`` without one cache per block raises ValueError.
         """
-        check_tokens(tokens, self.max_len, self.config["vocab_size"])
-        x = self.embed(tokens)                                          # (B, T, C)
-        x = self.blocks(x)                                              # (B, T, C)
+        s = 0 if kv_cache is None else cached_positions(kv_cache, len(self.blocks))
+        check_tokens(tokens, self.max_len, self.config["vocab_size"], s)
+        x = self.embed(tokens, s)                                       # (B, T, C)
+        x = self.blocks(x, None, kv_cache)                              # (B, T, C)
+        if kv_cache is not None and self._rows(x, kv_cache):           # one step: the row paths
+            return self.lm_head.rows(self.ln_f.rows(x[:, 0]))[:, None]  # (B, 1, V)
         return self.lm_head(self.ln_f(x))                               # (B, T, V)
+
+    def _rows(self, x, kv_cache):
+        """Do LN_f and the head take their row paths on ``x: (B, T, C)``? Where the last block's
+        cache allows it (the run, and a block with a row path), T = 1, in eval mode, both layers
+        have one and no kernel would split the step."""
+        B, T, C = x.shape
+        cfg = self.config
+        return (T == 1 and kv_cache[-1].lean and not self.training
+                and hasattr(self.ln_f, "rows") and self.ln_f.gamma.dtype in fast_decode.DTYPES
+                and hasattr(self.lm_head, "rows")
+                and fast_decode.no_split(B, C, cfg["d_ff"], cfg["n_heads"]))
 
     def embed(self, tokens, start=0):
         """X = W_te[tokens] + W_pe[start:start+T]: (B, T) -> (B, T, C), a fresh array.
@@ -144,6 +168,14 @@ class TinyGPT(Module):
         if self.wpe is not None:
             self.wpe.grads["W"][:dx.shape[1]] += dx.sum(axis=0)        # Σ_b dX[b], (T, C)
         return None
+
+
+def cached_positions(kv_cache, n_blocks):
+    """The positions a model's ``kv_cache`` (one KVCache per block) holds, checked to be one
+    cache per block (ValueError naming ``kv_cache``)."""
+    if len(kv_cache) != n_blocks:
+        raise ValueError(f"kv_cache: expected one per block ({n_blocks}), got {len(kv_cache)}")
+    return kv_cache[0].t
 
 
 def check_tokens(tokens, max_len, vocab_size, start=0):

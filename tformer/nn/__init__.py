@@ -1,6 +1,6 @@
-"""The layers: F (each kernel's arguments checked once, then its fast version), the modules built from it, attention, the blocks, LoRA and gradient checkpointing.
+"""The layers, built on the fast kernels: the module base, attention, the blocks, LoRA and gradient checkpointing; and F, each kernel with its arguments checked, for callers outside the layers.
 
-- ``functional``: ``F``, the one entry point from the layers to the mathematics;
+- ``functional``: ``F``, each kernel's arguments checked, then its fast version (notebooks, losses);
 - ``layers``: ``Module`` (its public seams: what a layer keeps for its backward, ``replace``,
   ``bind``) and the basic layers; ``attention``, ``blocks``, ``modern_layers``;
 - ``lora``: low-rank adapters, swapped in with ``Module.replace``; ``recompute``: a stack of

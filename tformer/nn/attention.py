@@ -20,16 +20,22 @@ methods of its own, listed where it is taught:
   written straight into a (B, T, C) array (``_attend``, ``_attend_backward``) and the fused
   projection's gradient written in place (``_fused_backward``), by ``tformer.fast.attention``.
 - The online softmax: ``attention="flash"``, the same attention computed without storing the
-  (B, H, T, T_k) probabilities (``F.flash_attention_forward``).
+  (B, H, T, T_k) probabilities (``fast.flash_attention.flash_attention_forward``).
 - The KV cache of sampling: ``KVCache``, ``new_cache`` (``KVCache.crop``: speculative decoding).
+- Performance: ``rows``, one decoding step of one new position a sequence through the row
+  functions of ``tformer.fast.decode`` (``takes_rows``: where it applies).
 """
+import math
+
 import numpy as np
 
-from tformer.nn import functional as F
 from tformer.fast import attention as fast_attention
+from tformer.fast import flash_attention as fast_flash
+from tformer.fast import decode as fast_decode
 from tformer.fast import rope as fast_rope
 from tformer.kernels.attention import causal_mask, split_heads
 from tformer.core.validate import float_array
+from tformer.nn import attention_checks
 from tformer.nn.layers import Linear, Module, _rng
 
 ATTENTION_KERNELS = ("plain", "flash")
@@ -48,12 +54,17 @@ class KVCache:
 
     Shapes: ``k, v: (B, H, max_len, D)``; ``append`` writes new positions and returns views of the
     first ``t`` positions, so generating n tokens costs O(n) copies instead of O(n²).
+
+    ``lean``: the block it is handed to may compute one new position a sequence by its row path
+    (``PreNormBlock.rows``); ``tformer.decoding.kv_cache.new_caches`` sets it where the block has
+    one, a cache made here alone leaves every step on the general path.
     """
 
-    def __init__(self, B, H, max_len, D, dtype=np.float32):
+    def __init__(self, B, H, max_len, D, dtype=np.float32, lean=False):
         self.k = np.empty((B, H, max_len, D), dtype)
         self.v = np.empty((B, H, max_len, D), dtype)
         self.t = 0
+        self.lean = lean
 
     def append(self, k, v):
         """k, v: (B, H, T_new, D) -> all keys and values so far, (B, H, t, D) each."""
@@ -84,9 +95,9 @@ class MultiHeadAttention(Module):
     ``n_kv_heads`` (default H): grouped-query attention, query head h reads key/value head
     ⌊h H_kv / H⌋; W_k and W_v are ``(C, H_kv·D)`` (fused: ``W_qkv: (C, C + 2 H_kv D)``).
     ``rope=True``: q and k are rotated by RoPE (``tformer.fast.rope``, ``rope_base``) before the scores.
-    ``attention``: the kernel, ``"plain"`` (``F.attention_forward``; after a forward pass
+    ``attention``: the kernel, ``"plain"`` (``fast.attention.attention_forward``; after a forward pass
     ``self.att`` holds the probabilities ``(B, H, T, T_k)``) or ``"flash"``
-    (``F.flash_attention_forward``: the same result, computed tile by tile without storing the
+    (``fast.flash_attention.flash_attention_forward``: the same result, computed tile by tile without storing the
     probabilities; ``self.att`` is None).
     """
 
@@ -200,7 +211,8 @@ class MultiHeadAttention(Module):
         if self.attention == "flash":
             # The online softmax: the causal mask (queries after the cached positions) and any
             # extra mask are applied tile by tile; no (B, H, T, T_k) array is made.
-            return F.flash_attention_forward(q, k, v, mask, self.scale, is_causal=self.causal, out=out)[1]
+            attention_checks.check_flash(q, k, v, mask, self.causal, out, None, None)
+            return fast_flash.flash_attention_forward(q, k, v, mask, self.scale, self.causal, out)[1]
         if self.causal and mask is None and q.shape[2] == k.shape[2]:
             # Training, scoring, and a prompt entering an empty KV cache: the kernel's causal path
             # skips the masked tiles.
@@ -211,7 +223,8 @@ class MultiHeadAttention(Module):
             _, cache = fast_attention.attention_forward(q, k, v, None, self.scale, out=out)
         else:
             full = self._mask(q.shape[2], k.shape[2], mask)
-            _, cache = F.attention_forward(q, k, v, full, self.scale, out=out)   # the mask checked
+            attention_checks.check_attention(q, k, v, full, False, out)       # the mask, where it enters
+            _, cache = fast_attention.attention_forward(q, k, v, full, self.scale, out=out)
         self.att = cache.P                                                 # (B, H, T, T_k)
         return cache
 
@@ -229,7 +242,7 @@ class MultiHeadAttention(Module):
     def _kernel_backward(self, dheads, out):
         """The backward pass of the kernel ``_kernel`` used, into ``out = (dq, dk, dv)`` (head views)."""
         if self.attention == "flash":
-            return F.flash_attention_backward(dheads, self._cache, out=out)
+            return fast_flash.flash_attention_backward(dheads, self._cache, out=out)
         return fast_attention.attention_backward(dheads, self._cache, out=out)
 
     def _fused_backward(self, dheads):
@@ -265,8 +278,29 @@ class MultiHeadAttention(Module):
             return mask & causal
         return np.where(causal, mask, -np.inf).astype(mask.dtype)
 
-    def new_cache(self, B, max_len):
+    def new_cache(self, B, max_len, lean=False):
         """An empty ``KVCache`` sized for this layer (``n_kv_heads`` heads: GQA caches only those)."""
         D = self.d_model // self.n_heads
         dtype = (self.qkv if self.fused else self.q).W.dtype
-        return KVCache(B, self.n_kv_heads, max_len, D, dtype)
+        return KVCache(B, self.n_kv_heads, max_len, D, dtype, lean)
+
+    def takes_rows(self):
+        """True when ``rows`` computes this layer: fused W_qkv, H_kv = H, no RoPE, the plain
+        kernel, both projections with a row path of their own."""
+        return (self.fused and not self.rope and self.n_kv_heads == self.n_heads
+                and self.attention == "plain" and hasattr(self.qkv, "rows") and hasattr(self.o, "rows"))
+
+    def rows(self, x, kv_cache):
+        """The rows ``x: (B, C)`` of one decoding step, one new position a sequence -> (B, C):
+        ``forward``'s arithmetic for a query that sees every cached key (no mask), by the row
+        functions of ``tformer.fast.decode``; k and v are appended to ``kv_cache``, P is kept
+        as ``forward`` keeps it. Each projection computes by its own layer's ``rows`` (a float,
+        int8 or LoRA layer, each with its own arithmetic). Only where ``takes_rows()``."""
+        B, C = x.shape
+        qkv = self.qkv.rows(x).reshape(B, 1, 3 * C)                   # (B, 1, 3C)
+        H = self.n_heads
+        scale = 1.0 / math.sqrt(C // H) if self.scale is None else float(self.scale)
+        merged, P = fast_decode.attention_one(qkv, kv_cache, H, scale,
+                                              fast_decode.ones(kv_cache.k.shape[2], qkv.dtype))
+        self.keep(att=P)                                              # P; nothing for a backward
+        return self.o.rows(merged.reshape(B, C))                      # Concat(heads) W_o + b_o

@@ -10,15 +10,22 @@
   complete Transformer and the post-LN encoder, with every option of the modern block and the
   KV cache.
 - ``BlockStack``: the blocks of a model in order, X ← block_i(X) for i = 1 … L, as one module
-  (``tformer.nn.recompute.Recompute`` stands in for it with gradient checkpointing).
+  (``tformer.nn.recompute.Recompute`` stands in for it with gradient checkpointing); decoding
+  hands block i the KV cache i.
 
 Shapes: ``x: (B, T, C)`` -> ``(B, T, C)``. Each residual sum sends its gradient down both paths,
 so every backward adds the branch's input gradient to the skip connection's.
+
+A ``PreNormBlock`` handed a KV cache with one new position a sequence computes the same block
+through its layers' row paths (``rows``: the same NumPy calls on the same arrays in a fraction of
+the Python calls, ``tformer.fast.decode``) where every layer has one and no kernel would split
+the step; the model's forward is the same either way.
 """
 from typing import Callable, NamedTuple
 
 import numpy as np
 
+from tformer.fast import decode as fast_decode
 from tformer.nn.attention import MultiHeadAttention
 from tformer.nn.layers import Dropout, FeedForward, LayerNorm, Module, ModuleList, _rng
 from tformer.nn.modern_layers import SwiGLUFeedForward, norm_layer
@@ -122,11 +129,17 @@ class PreNormBlock(Module):
                               rng=rng, dtype=dtype, init_std=init_std)
         self.drop1 = Dropout(dropout, rng)
         self.ln2 = norm(d_model, eps, dtype)
-        self.ffn = ffn(d_model, d_ff or 4 * d_model, activation, bias, rng=rng, dtype=dtype,
-                       init_std=init_std)
+        self.d_ff = d_ff or 4 * d_model
+        self.ffn = ffn(d_model, self.d_ff, activation, bias, rng=rng, dtype=dtype, init_std=init_std)
         self.drop2 = Dropout(dropout, rng)
 
     def forward(self, x, mask=None, kv_cache=None):
+        # One new position a sequence, in eval mode, below the size a kernel splits across threads:
+        # the same block by its layers' row paths, the same bits in a fraction of the Python calls.
+        if (kv_cache is not None and kv_cache.lean and x.shape[1] == 1 and mask is None
+                and not self.training
+                and fast_decode.no_split(x.shape[0], x.shape[2], self.d_ff, self.attn.n_heads)):
+            return self.rows(x[:, 0], kv_cache)[:, None]               # (B, 1, C): one step
         # Each branch returns a fresh array that nothing else holds (the output of W_o or W_2, or
         # dropout's product), so the residual sum is added into it in place: one array fewer per sum.
         h = self.drop1(self.attn(self.ln1(x), mask, kv_cache))         # (B, T, C)
@@ -134,6 +147,28 @@ class PreNormBlock(Module):
         out = self.drop2(self.ffn(self.ln2(h)))                         # (B, T, C)
         out += h                                                        # X + FFN(LN(X))
         return out
+
+    def rows(self, x, kv_cache):
+        """``forward`` on the rows ``x: (B, C)`` of one decoding step (one new position a
+        sequence, eval: no dropout) -> (B, C), each layer by its row path; ``kv_cache`` gets the
+        new keys and values. Taken by ``forward`` where the cache allows it (``KVCache.lean``,
+        set from ``takes_rows()``) and no kernel would split the step (``fast.decode.no_split``)."""
+        h = self.attn.rows(self.ln1.rows(x), kv_cache)                 # (B, C), fresh
+        h += x                                                          # X + MHA(LN(X))
+        out = self.ffn.rows(self.ln2.rows(h))                           # (B, C), fresh
+        out += h                                                        # X + FFN(LN(X))
+        return out
+
+    def takes_rows(self):
+        """True when every layer has the row path ``rows`` uses: LayerNorm norms in float32 or
+        float64, attention with ``takes_rows()``, a GELU (tanh) feed-forward network whose two
+        linear maps have ``rows`` (a float, int8 or LoRA layer)."""
+        a, f = self.attn, self.ffn
+        return (type(self.ln1) is LayerNorm and type(self.ln2) is LayerNorm
+                and self.ln1.gamma.dtype in fast_decode.DTYPES
+                and isinstance(a, MultiHeadAttention) and a.takes_rows()
+                and type(f) is FeedForward and f.act.name == "gelu"
+                and hasattr(f.fc1, "rows") and hasattr(f.fc2, "rows"))
 
     def backward(self, dy):
         # The norm's backward returns a fresh array, so each residual gradient is added into it.
@@ -153,6 +188,13 @@ class PostNormGPTBlock(PreNormBlock):
     remains, which is what makes the post-norm Transformer need its learning-rate warm-up.
     """
 
+    def takes_rows(self):
+        """False: a step of the post-norm wiring runs the general layers."""
+        return False
+
+    def rows(self, x, kv_cache):
+        raise NotImplementedError("PostNormGPTBlock: no row path (takes_rows() is False)")
+
     def forward(self, x, mask=None, kv_cache=None):
         h = self.drop1(self.attn(x, mask, kv_cache))                   # (B, T, C), fresh
         h += x                                                          # X + MHA(X)
@@ -171,13 +213,18 @@ class PostNormGPTBlock(PreNormBlock):
 class BlockStack(ModuleList):
     """X ← block_i(X) for i = 1 … L; backward: dX ← block_iᵀ(dX) for i = L … 1.
 
-    ``x: (B, T, C)`` -> ``(B, T, C)``; extra arguments (a padding mask) go to every block. The
-    blocks are children ``0`` … ``L−1``, so parameter names read ``blocks.0.ln1.gamma``.
+    ``x: (B, T, C)`` -> ``(B, T, C)``; ``mask`` (a padding mask) goes to every block,
+    ``kv_cache`` (decoding: one KV cache per block) the i-th cache to block i. The blocks are
+    children ``0`` … ``L−1``, so parameter names read ``blocks.0.ln1.gamma``.
     """
 
-    def forward(self, x, *args):
-        for block in self._items:
-            x = block(x, *args)                                         # (B, T, C)
+    def forward(self, x, mask=None, kv_cache=None):
+        if kv_cache is None:
+            for block in self._items:
+                x = block(x, mask)                                      # (B, T, C)
+            return x
+        for block, cache in zip(self._items, kv_cache):
+            x = block(x, mask, cache)                                   # (B, T, C), cache extended
         return x
 
     def backward(self, dy):

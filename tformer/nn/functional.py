@@ -6,6 +6,11 @@ Convention: ``y, cache = name_forward(x, ...)`` and ``grads = name_backward(dy, 
 chapter's equation, lives in its own file under ``tformer/kernels/``; a function here checks its
 arguments once (the boundary) and then calls the faster version of the kernel in ``tformer/fast/``,
 which a test holds equal to it.
+
+``F`` is the entry point of a caller who hands a kernel arrays it has not checked: a notebook, a
+loss, a data task. The layers are the other kind of caller: a model checks its input once where it
+enters, so every layer calls ``tformer.fast`` directly (and the few checks that depend on a layer's
+own arguments, an attention mask, from ``tformer.nn.attention_checks``); none calls ``F``.
 """
 import numpy as np
 

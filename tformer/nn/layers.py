@@ -1,4 +1,4 @@
-"""The ``Module`` base and the layers built from the kernels in ``tformer.nn.functional``.
+"""The ``Module`` base and the layers built from the fast kernels (``tformer.fast``).
 
 A module holds ``params`` and ``grads``, two dicts with the same keys. ``forward(x)`` keeps what
 ``backward(dy)`` needs (one cache, replaced on every call, so nothing grows between steps; each
@@ -8,18 +8,19 @@ weights then just work) and returns ``dx``. Only ``zero_grad()`` clears gradient
 
 ``freeze()`` / ``unfreeze()``: PyTorch's ``requires_grad = False`` / ``True``. A frozen parameter
 is used by the forward pass and never changed: ``named_parameters()`` yields its gradient as None
-(so the optimizers, clipping and the loss scaler skip it), and a layer whose weight is frozen runs
-``backward_without_dW``: dX (and db, if b is trained), never the product Xᵀ dY.
+(so the optimizers, clipping and the loss scaler skip it), and the ``backward`` of a layer whose
+weight is frozen (``is_frozen("W")``) takes its path without dW: dX (and db, if b is trained),
+never the product Xᵀ dY.
 """
 import copy
 import math
 
 import numpy as np
 
-from tformer.nn import functional as F
+from tformer.kernels.positional import sinusoidal_positions
 from tformer.fast import linear as fast_linear
 from tformer.fast import activations as fast_act, dropout as fast_dropout, embedding as fast_emb, layernorm as fast_ln
-from tformer.core.dtypes import matmul
+from tformer.fast import decode as fast_decode
 from tformer.core.validate import float_array
 
 
@@ -28,10 +29,12 @@ class Module:
 
     The seams a strategy (recomputation, the batch cut, precision, freezing, LoRA, int8, decoding)
     uses, and the only ones: ``modules()`` / ``named_modules()`` (the tree, walked once and kept
-    until it changes), ``replace(path, new)`` (swap a layer), ``bind(attr, array)`` (what a
-    parameter attribute points at), ``share_parameters(source)`` (a replica), and what a layer's
-    forward keeps for its backward, declared by its class in ``saved`` and reached through
-    ``saved_values()``, ``keep(**values)`` and ``clear_saved()``.
+    until it changes), ``replace(path, new)`` (swap a layer; ``named_layers(*types)`` finds
+    them), ``bind(attr, array)`` (what a parameter attribute points at),
+    ``share_parameters(source)`` (a replica), ``flat_layout()`` (where each parameter lives in
+    the flat buffers; ``frozen_mask()`` the frozen places), ``is_frozen(key)`` (read by a
+    layer's backward), and what a layer's forward keeps for its backward, declared by its class
+    in ``saved`` and reached through ``saved_values()``, ``keep(**values)`` and ``clear_saved()``.
     """
 
     #: The attributes ``forward`` keeps for ``backward`` (each layer class declares its own).
@@ -102,11 +105,10 @@ class Module:
 
         - ``named_parameters()`` yields its gradient as None: an optimizer keeps no state for it
           and never updates or decays it, gradient clipping and the loss scaler leave it out;
-        - a layer whose weight W is frozen runs ``backward_without_dW`` instead of ``backward``
-          (pointed at it here, as mixed precision points ``W`` at its copy: the layer's own
-          backward stays the equation): dX = dY Wᵀ, and db if b is still trained. For a linear
-          layer that skips one of the backward pass's two products (N·C_in·C_out multiply-adds);
-          a frozen embedding skips its scatter-add;
+        - the ``backward`` of a layer whose weight W is frozen reads that choice
+          (``is_frozen("W")``) and runs its ``backward_without_dW``: dX = dY Wᵀ, and db if b is
+          still trained. For a linear layer that skips one of the backward pass's two products
+          (N·C_in·C_out multiply-adds); a frozen embedding skips its scatter-add;
         - ``grads[key]`` becomes a scratch array of its own that nothing reads (a model that adds a
           gradient itself, as TinyGPT does for W_pe, writes there), while the parameter's place in
           the flat gradient buffer stays zero: the buffers' layout does not depend on what is
@@ -124,7 +126,6 @@ class Module:
                     home.fill(0)                        # its place in the flat buffer: zero from now on
                     m._frozen[key] = home
                     m.grads[key] = np.zeros(home.shape, home.dtype)     # the scratch array
-            m._point_backward()
         return self
 
     def unfreeze(self, *keys):
@@ -136,7 +137,6 @@ class Module:
             for key in ks:
                 if key in m._frozen:
                     m.grads[key] = m._frozen.pop(key)
-            m._point_backward()
         return self
 
     def _keys_to_switch(self, keys):
@@ -154,15 +154,9 @@ class Module:
         return list(self.grads.values()) + list(self._frozen.values())
 
     def is_frozen(self, key):
-        """True if parameter ``key`` of this module is frozen."""
+        """True if parameter ``key`` of this module is frozen: what a layer's ``backward`` reads
+        to leave out the gradient of a frozen weight."""
         return key in self._frozen
-
-    def _point_backward(self):
-        """``backward`` is ``backward_without_dW`` while W is frozen (layers that have one), else
-        the class's own."""
-        self.__dict__.pop("backward", None)
-        if "W" in self._frozen and hasattr(self, "backward_without_dW"):
-            object.__setattr__(self, "backward", self.backward_without_dW)
 
     def num_parameters(self):
         """Total number of scalar parameters (an array shared by two modules, a tied weight, once)."""
@@ -231,6 +225,16 @@ class Module:
         Module._tree_version += 1
         return old
 
+    def named_layers(self, *types):
+        """``[(path, module)]``: the modules below this one that are instances of ``types``,
+        depth first, leaving out those inside one already found (the ``Linear`` inside a
+        ``LoRALinear``): the layers a strategy swaps with ``replace`` (LoRA, int8)."""
+        found = []
+        for path, m in self.named_modules():
+            if path and isinstance(m, types) and not any(path.startswith(f + ".") for f, _ in found):
+                found.append((path, m))
+        return found
+
     def bind(self, attr, array):
         """Point parameter attribute ``attr`` (one of ``param_attributes()``, e.g. ``"W"``) at
         ``array``: what the forward pass reads from now on (a low-precision copy, the model's array
@@ -253,7 +257,8 @@ class Module:
                 bindings.append((src, m, attr))
                 object.__setattr__(m, attr, getattr(src, attr))
         if source._flat_state() is not None and self._flat_state() is not None:
-            object.__setattr__(self, "_flat", (source._flat_state()[0], self._flat_state()[1]))
+            # source's parameters beside this tree's gradients, in this tree's (equal) layout
+            object.__setattr__(self, "_flat", (source._flat_state()[0], *self._flat_state()[1:]))
         return bindings
 
     def _flat_state(self):
@@ -295,15 +300,16 @@ class Module:
         of one dozen NumPy calls per parameter, and ``zero_grad`` is one fill: llm.c's layout.
         Arrays shared by several modules (tied weights) get one slice. Every parameter must have
         the same dtype. A frozen parameter keeps its slice of the gradient buffer (zero; its
-        ``grads`` entry stays its scratch array, see ``freeze``). Returns ``(flat_params, flat_grads)``.
+        ``grads`` entry stays its scratch array, see ``freeze``). Where each parameter lives is
+        the table ``flat_layout()``, written here. Returns ``(flat_params, flat_grads)``.
         """
-        owners, order = {}, []                       # id(param) -> [(module, key)], first-seen order
-        for m in self.modules():
+        owners, order = {}, []          # id(param) -> [(module, key, name)], first-seen order
+        for path, m in self.named_modules():
             for key, p in m.params.items():
                 if id(p) not in owners:
                     owners[id(p)] = []
                     order.append(p)
-                owners[id(p)].append((m, key))
+                owners[id(p)].append((m, key, f"{path}.{key}" if path else key))
         if not order:
             raise ValueError("flatten_parameters: the module has no parameters")
         dtypes = {p.dtype for p in order}
@@ -311,12 +317,13 @@ class Module:
             raise ValueError(f"flatten_parameters: parameters must share one dtype, got {sorted(map(str, dtypes))}")
         n = sum(p.size for p in order)
         P, G = np.empty(n, order[0].dtype), np.zeros(n, order[0].dtype)
-        offset = 0
+        offset, layout = 0, {}          # qualified name -> (offset, shape)
         for p in order:
             view_p = P[offset:offset + p.size].reshape(p.shape)
             view_g = G[offset:offset + p.size].reshape(p.shape)
             view_p[...] = p
-            for m, key in owners[id(p)]:
+            for m, key, name in owners[id(p)]:
+                layout[name] = (offset, p.shape)
                 old = m.params[key]
                 m.params[key] = view_p
                 if key in m._frozen:                   # its place stays zero; grads[key] its scratch
@@ -328,7 +335,7 @@ class Module:
                     if k == key and getattr(m, attr) is old:
                         object.__setattr__(m, attr, view_p)
             offset += p.size
-        object.__setattr__(self, "_flat", (P, G))
+        object.__setattr__(self, "_flat", (P, G, layout))
         return P, G
 
     def flat_buffers(self):
@@ -337,7 +344,7 @@ class Module:
         flat = getattr(self, "_flat", None)
         if flat is None:
             return None
-        P, G = flat
+        P, G = flat[0], flat[1]
         seen, total = set(), 0
         for m in self.modules():
             for key, p in m.params.items():
@@ -347,7 +354,34 @@ class Module:
                 if id(p) not in seen:
                     seen.add(id(p))
                     total += p.size
-        return flat if total == P.size else None
+        return (P, G) if total == P.size else None
+
+    def flat_layout(self):
+        """``{qualified name: (offset, shape)}``: parameter ``name`` (as ``named_parameters`` names
+        it; a tied weight under each of its names) is ``P[offset:offset + size].reshape(shape)``
+        of the flat buffers, its gradient the same slice of G: llm.c's table, written once by
+        ``flatten_parameters``. Anything laid out like P (an optimizer's state, precision's
+        copies, a rank's shard) finds a parameter's place here. None when ``flat_buffers()`` is,
+        or when the tree's names changed since (``flatten_parameters`` again)."""
+        if self.flat_buffers() is None:
+            return None
+        layout = self._flat[2]
+        names = [name for name, _, _ in self.named_parameters()]
+        return layout if len(names) == len(layout) and all(n in layout for n in names) else None
+
+    def frozen_mask(self):
+        """Freezing seen in the store: a boolean array of the flat buffers' size, True at the
+        places of frozen parameters (``freeze``; their gradient there stays zero). None when
+        ``flat_layout()`` is."""
+        layout = self.flat_layout()
+        if layout is None:
+            return None
+        mask = np.zeros(self._flat[0].size, bool)
+        for name, p, g in self.named_parameters():
+            if g is None:
+                at, _ = layout[name]
+                mask[at:at + p.size] = True
+        return mask
 
     def _unique_parameters(self):
         seen = set()
@@ -448,7 +482,9 @@ class Linear(Module):
         return y
 
     def backward(self, dy):
-        """dy: (..., d_out) -> dx: (..., d_in); accumulates dW (and db)."""
+        """dy: (..., d_out) -> dx: (..., d_in); accumulates dW (and db), or, W frozen, db alone."""
+        if self.is_frozen("W"):
+            return self.backward_without_dW(dy)
         # dW and db are added into the running gradients by the kernel, in the thread that
         # computed them (side by side with dX), not afterwards on this one.
         dx, _, _ = fast_linear.linear_backward(dy, self._cache, accumulate=(self.grads["W"], self.grads.get("b")))
@@ -458,15 +494,11 @@ class Linear(Module):
         """The backward pass with W frozen (``Module.freeze``): dX = dY Wᵀ, and db = 1ᵀ dY if b is
         still trained; dW = Xᵀ dY, the other N·d_in·d_out multiply-adds, is never formed.
 
-        ``dy: (..., d_out)`` -> ``dx: (..., d_in)``. dX and db are the products the kernel
-        (``fast.linear.linear_backward``) forms, the same calls on the same arrays: the same bits."""
-        x, W, has_b = self._cache
-        dy2 = dy.reshape(-1, W.shape[1])                # (N, d_out)
-        dx = matmul(dy2, W.T)                           # dX = dY Wᵀ: (N, d_in)
-        if has_b and not self.is_frozen("b"):
-            db = matmul(np.ones(dy2.shape[0], dy2.dtype), dy2)      # 1ᵀ dY: (d_out,)
-            np.add(self.grads["b"], db, out=self.grads["b"])
-        return dx.reshape(x.shape)
+        ``dy: (..., d_out)`` -> ``dx: (..., d_in)``: the kernel's half of
+        ``fast.linear.linear_backward`` that runs beside dW, so the same bits."""
+        dx, _ = fast_linear.linear_backward_without_dW(dy, self._cache, accumulate=self.grads.get("b"),
+                                                       bias=not self.is_frozen("b"))
+        return dx
 
     def rows(self, x):
         """Y = X W + b for the rows ``x: (N, d_in)`` of one decoding step, unsplit, nothing kept
@@ -494,7 +526,9 @@ class Embedding(Module):
         return E
 
     def backward(self, dE):
-        """Accumulates dW; tokens have no gradient, so this returns None."""
+        """Accumulates dW (nothing while W is frozen); tokens have no gradient, so this returns None."""
+        if self.is_frozen("W"):
+            return self.backward_without_dW(dE)
         self.grads["W"] += fast_emb.embedding_backward(dE, self._cache)
         return None
 
@@ -519,6 +553,11 @@ class LayerNorm(Module):
     def forward(self, x):
         y, self._cache = fast_ln.layernorm_forward(x, self.gamma, self.beta, self.eps)
         return y
+
+    def rows(self, x):
+        """y for the rows ``x: (N, C)`` of one decoding step (float32/float64), nothing kept for
+        a backward pass: ``forward``'s row function on the same rows, so its bits."""
+        return fast_decode.layernorm_rows(x, self.gamma, self.beta, self.eps)
 
     def backward(self, dy):
         dx, dgamma, dbeta = fast_ln.layernorm_backward(dy, self._cache)
@@ -600,6 +639,13 @@ class FeedForward(Module):
     def forward(self, x):
         return self.fc2(self.drop(self.act(self.fc1(x))))
 
+    def rows(self, x):
+        """FFN of the rows ``x: (N, C)`` of one decoding step, with GELU (tanh form) and no
+        dropout (eval), nothing kept for a backward pass: each product by its own layer's
+        ``rows``, GELU by its row function; the bits of ``forward``."""
+        with np.errstate(over="ignore", under="ignore"):    # e^{−2u} → inf or 0: exact limits
+            return self.fc2.rows(fast_decode.gelu_rows(self.fc1.rows(x)))
+
     def backward(self, dy):
         dh = self.drop.backward(self.fc2.backward(dy))                  # (B, T, d_ff)
         return self.fc1.backward(self._activation_backward(dh))
@@ -613,11 +659,11 @@ class FeedForward(Module):
 
 
 class SinusoidalPositions(Module):
-    """X + PE[:T] with the fixed table of ``F.sinusoidal_positions``: no parameters, identity backward."""
+    """X + PE[:T] with the fixed table of ``kernels.positional.sinusoidal_positions``: no parameters, identity backward."""
 
     def __init__(self, max_len, C, dtype=np.float32):
         super().__init__()
-        self.pe = F.sinusoidal_positions(max_len, C, dtype)     # (max_len, C), a buffer
+        self.pe = sinusoidal_positions(max_len, C, dtype)     # (max_len, C), a buffer
 
     def forward(self, x, offset=0):
         """x: (B, T, C) -> (B, T, C); positions ``offset .. offset+T-1``."""

@@ -86,6 +86,8 @@ class LoRALinear(Module):
         dh = self.scale * (dy2 @ self.B.T)            # s dY Bᵀ: (N, r)
         self.grads["A"] += x2.T @ dh                  # dA = s Xᵀ (dY Bᵀ): (C_in, r)
         self.grads["B"] += self.scale * (h.T @ dy2)   # dB = s (X A)ᵀ dY: (r, C_out)
+        # dY Wᵀ by ``@`` (in bfloat16 it returns float32), not the frozen base's backward
+        # (``fast.linear.linear_backward_without_dW``, which rounds to bfloat16): LoRA's bits.
         dx = dy2 @ self.base.W.T                      # dY Wᵀ: (N, C_in)
         dx += dh @ self.A.T                           # + s (dY Bᵀ) Aᵀ
         return dx.reshape(shape)
@@ -108,22 +110,17 @@ class LoRALinear(Module):
         return self.base.W + self.scale * (self.A @ self.B)
 
 
-def _linears(model):
-    """``[(path, parent, child_name, module)]`` for every Linear or LoRALinear of ``model`` (not
-    the Linear inside a LoRALinear), depth first."""
-    found, tree = [], dict(model.named_modules())
-    for path, m in tree.items():
-        if path and isinstance(m, (Linear, LoRALinear)) and not any(path.startswith(f[0] + ".") for f in found):
-            parent, _, name = path.rpartition(".")
-            found.append((path, tree[parent], name, m))
-    return found
+def linear_layers(model):
+    """``[(path, layer)]`` for every Linear or LoRALinear of ``model`` (not the Linear inside a
+    LoRALinear), depth first (``Module.named_layers``): what LoRA swaps with ``Module.replace``."""
+    return model.named_layers(Linear, LoRALinear)
 
 
 def target_names(model):
     """The names ``targets`` may use for ``model``: its linear layers' own names (the last part
     of their path: ``qkv``, ``o``, ``fc1``, ``fc2``, ``lm_head``), the groups that contain one
     of them (``attn``, ``mlp``) and ``all``."""
-    own = {path.rsplit(".", 1)[-1] for path, *_ in _linears(model)}
+    own = {path.rsplit(".", 1)[-1] for path, _ in linear_layers(model)}
     groups = {g for g, members in GROUPS.items() if own & set(members)}
     return sorted(own | groups | {ALL})
 
@@ -140,7 +137,7 @@ def resolve_targets(model, targets):
     wanted = set()
     for t in names:
         wanted |= {ALL} if t == ALL else set(GROUPS.get(t, (t,)))
-    return [path for path, *_ in _linears(model)
+    return [path for path, _ in linear_layers(model)
             if ALL in wanted or path.rsplit(".", 1)[-1] in wanted]
 
 
@@ -162,7 +159,7 @@ def apply_lora(model, r, alpha=None, targets=("attn",), seed=0):
     paths = resolve_targets(model, targets)
     model.freeze()
     rng = np.random.default_rng(seed)
-    for path, _, _, child in _linears(model):
+    for path, child in linear_layers(model):
         if path in paths:
             model.replace(path, LoRALinear(child, r, alpha, rng))
     model.lora = {"r": r, "alpha": alpha, "targets": [targets] if isinstance(targets, str) else list(targets),
@@ -175,7 +172,7 @@ def apply_lora(model, r, alpha=None, targets=("attn",), seed=0):
 def merge_lora(model):
     """W ← W + s A B in every ``LoRALinear`` of ``model``, which becomes its plain ``Linear``
     again (in place; returns ``model``): the same function, the base model's speed."""
-    for path, _, _, child in _linears(model):
+    for path, child in linear_layers(model):
         if isinstance(child, LoRALinear):
             child.base.W[...] = child.merged_weight()
             model.replace(path, child.base)

@@ -120,18 +120,16 @@ class TiedLinear(Module):
         return y
 
     def backward(self, dy):
-        """dy: (..., V) -> dx: (..., C); adds dEᵀ = Xᵀ dY into the shared gradient (and db)."""
+        """dy: (..., V) -> dx: (..., C); adds dEᵀ = Xᵀ dY into the shared gradient (and db), or,
+        E frozen, db alone."""
+        if self.is_frozen("W"):
+            return self.backward_without_dW(dy)
         dx, _, _ = fast_linear.linear_backward(dy, self._cache, accumulate=(self.grads["W"].T, self.grads.get("b")))
         return dx
 
-
-def _tied_backward_without_dW(self, dy):
-    """``TiedLinear``'s backward pass with the tied weight frozen (``Module.freeze``): dX = dY E
-    (E = the embedding table), and db if b is trained; dEᵀ = Xᵀ dY is never formed. The products
-    of ``Linear.backward_without_dW`` on the layer's Eᵀ."""
-    return Linear.backward_without_dW(self, dy)
-
-
-# A method of TiedLinear, set beside the class its chapter lists (freezing comes later in the book);
-# book/api.md leaves it out of the API page, which links every method to its source in the class.
-TiedLinear.backward_without_dW = _tied_backward_without_dW
+    def backward_without_dW(self, dy):
+        """The backward pass with the tied weight frozen (``Module.freeze``): dX = dY E, and db if
+        b is trained; dEᵀ = Xᵀ dY is never formed."""
+        dx, _ = fast_linear.linear_backward_without_dW(dy, self._cache, accumulate=self.grads.get("b"),
+                                                       bias=not self.is_frozen("b"))
+        return dx

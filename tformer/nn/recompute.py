@@ -74,7 +74,8 @@ class Recompute(BlockStack):
     def forward(self, x, *args):
         """x: (B, T, C) -> (B, T, C); keeps x_s of each segment, no block cache survives."""
         self._saved = None
-        if not self.training:
+        kv_cache = args[1] if len(args) > 1 else None
+        if not self.training or kv_cache is not None:    # eval, or decoding: no backward to prepare
             return super().forward(x, *args)
         saved = []
         for seg in self.segments():

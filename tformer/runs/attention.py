@@ -13,8 +13,8 @@ from tformer.data.copy_max import copy_max_batch, evaluate, half_sum_loss, held_
 from tformer.models.attention_layer import AttentionLayer
 from tformer.training.optim import AdamW
 from tformer.training.train import train
-from tformer.runs.flags import (add_flag, nonnegative_int, positive_float, positive_int,
-                    weight_decay)
+from tformer.runs.flag_groups import Flag, add_checkpoint_flags, add_model_flags, add_training_flags
+from tformer.runs.flags import positive_float, positive_int
 
 DEFAULTS = dict(d_model=16, seq_len=8, batch_size=32, steps=3000, lr=3e-3)
 
@@ -22,24 +22,25 @@ DEFAULTS = dict(d_model=16, seq_len=8, batch_size=32, steps=3000, lr=3e-3)
 def add_common_arguments(parser, defaults):
     """The flags both the single attention layer and the two-layer transformer take: sizes, steps, optimizer, seed, evaluation."""
     g = parser.add_argument_group("sizes")
-    add_flag(g, "--d-model", defaults["d_model"],
-             "features per position, d (the inputs' width and the model's)")
-    g.add_argument("--seq-len", type=positive_int, default=defaults["seq_len"],
-                   help="positions per sequence, T")
-    add_flag(g, "--batch-size", defaults["batch_size"], "sequences per training batch, B")
+    add_model_flags(g, d_model=Flag(defaults["d_model"], "features per position, d (the inputs' "
+                                                         "width and the model's)"),
+                    seq_len=defaults["seq_len"])
+    add_training_flags(g, batch_size=Flag(defaults["batch_size"],
+                                          "sequences per training batch, B"))
     g = parser.add_argument_group("training")
-    add_flag(g, "--steps", defaults["steps"], "AdamW steps (one batch each)")
-    add_flag(g, "--lr", defaults["lr"], "learning rate η")
-    add_flag(g, "--weight-decay", 0.01, "AdamW's λ: W ← (1 − λη) W − …")
+    add_training_flags(g, steps=Flag(defaults["steps"], "AdamW steps (one batch each)"),
+                       lr=Flag(defaults["lr"], "learning rate η"),
+                       weight_decay=Flag(0.01, "AdamW's λ: W ← (1 − λη) W − …"))
     g.add_argument("--eps", type=positive_float, default=1e-8,
                    help="AdamW's ε, inside the square root")
-    add_flag(g, "--seed", 0, "seeds the initial weights and every batch")
+    add_training_flags(g, seed=Flag(0, "seeds the initial weights and every batch"))
     g = parser.add_argument_group("evaluation and output")
     g.add_argument("--eval-batches", type=positive_int, default=16,
                    help="held-out batches of 64 sequences each (never used for training)")
-    add_flag(g, "--eval-every", 0, "also evaluate every N steps and print it (0: only at the end)")
-    g.add_argument("--checkpoint", default=None, metavar="PATH",
-                   help="save model + optimizer + config here at the end (.npz)")
+    add_training_flags(g, eval_every=Flag(0, "also evaluate every N steps and print it (0: only "
+                                             "at the end)"))
+    add_checkpoint_flags(g, checkpoint=Flag(None, "save model + optimizer + config here at the "
+                                                  "end (.npz)", metavar="PATH"))
 
 
 def add_arguments(parser):

@@ -14,34 +14,34 @@ from tformer.data.reconstruction import ReconstructionData, forward_loss, mse
 from tformer.models.encoder import Encoder
 from tformer.training.optim import Adam
 from tformer.training.train import train
-from tformer.runs.flags import Deprecated, add_flag, heads_divide, nonnegative_float, nonnegative_int, positive_int
+from tformer.runs.flag_groups import Flag, add_model_flags, add_output_flags, add_training_flags
+from tformer.runs.flags import Deprecated, heads_divide, nonnegative_float, positive_int
 
 HEADLINE_MSE = 0.0043          # the source's "Final MSE Loss" after 500 epochs
 
 
 def add_arguments(parser):
     """The flags of ``python -m tformer run encoder``; the defaults are the source's headline configuration."""
-    add_flag(parser, "--n-layers", 2, "number of post-LN blocks")
-    add_flag(parser, "--d-model", 64, "model width d (also the data's width)")
-    add_flag(parser, "--n-heads", 4, "attention heads (must divide d_model)")
-    parser.add_argument("--d-ff", type=positive_int, default=256,
-                        help="hidden width of the ReLU feed-forward network")
-    add_flag(parser, "--steps", None,
-             "optimizer steps (default: 500 epochs, passes over the training set, "
-                             "of ⌈n_train / batch_size⌉ steps each: 4000 with the default data)")
-    add_flag(parser, "--lr", 1e-3, "Adam learning rate η (betas 0.9, 0.999, ε 1e-8)")
-    add_flag(parser, "--batch-size", 32, "sequences per mini-batch")
-    add_flag(parser, "--seed", 0, "seed of the data and of the initial weights")
+    add_model_flags(parser, n_layers=Flag(2, "number of post-LN blocks"),
+                    d_model=Flag(64, "model width d (also the data's width)"),
+                    n_heads=Flag(4, "attention heads (must divide d_model)"),
+                    d_ff=Flag(256, "hidden width of the ReLU feed-forward network"),
+                    seq_len=Flag(16, "tokens per sequence T"))
+    add_training_flags(parser, steps=Flag(None, "optimizer steps (default: 500 epochs, passes over "
+                                                "the training set, of ⌈n_train / batch_size⌉ "
+                                                "steps each: 4000 with the default data)"),
+                       lr=Flag(1e-3, "Adam learning rate η (betas 0.9, 0.999, ε 1e-8)"),
+                       batch_size=Flag(32, "sequences per mini-batch"),
+                       seed=Flag(0, "seed of the data and of the initial weights"))
     parser.add_argument("--n-train", type=positive_int, default=256,
                         help="training sequences (fixed for the whole run)")
     parser.add_argument("--n-test", type=positive_int, default=64,
                         help="held-out sequences from the same token table")
-    parser.add_argument("--seq-len", type=positive_int, default=16, help="tokens per sequence T")
     parser.add_argument("--vocab-size", type=positive_int, default=65,
                         help="rows V of the token table")
     parser.add_argument("--target", type=nonnegative_float, default=HEADLINE_MSE,
                         help="report the first epoch whose training MSE is at most this")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_output_flags(parser, no_progress=Flag(False, "hide the progress bar"))
     # The spellings of earlier releases, kept for one release (a message names the new one).
     parser.add_argument("--layers", dest="n_layers", type=positive_int, action=Deprecated,
                         new="--n-layers")

@@ -15,7 +15,8 @@ from tformer.training.checkpoint import load_checkpoint
 from tformer.nn.lora import Adapters, apply_lora, fingerprint, resolve_targets
 from tformer.training.lora_file import save_adapter
 from tformer.runs.files import MALFORMED, load_adapter_file, read_checkpoint_file
-from tformer.runs.flags import UsageError, lora_alpha, positive_int
+from tformer.runs.flag_groups import Flag, add_lora_flags
+from tformer.runs.flags import UsageError
 
 # What --base sets from the base checkpoint's config: the model's shape and block.
 SHAPE_FLAGS = {"d_model": "d_model", "n_heads": "n_heads", "n_layers": "n_layers",
@@ -31,16 +32,14 @@ def add_arguments(p):
                    help="start from this TinyGPT checkpoint (its shape is the model's: a model flag "
                         "that says otherwise is refused); "
                         "without --lora every parameter is trained")
-    g.add_argument("--lora", metavar="R", type=positive_int, default=None,
-                   help="train only rank-R LoRA adapters on --lora-targets of the --base model")
-    g.add_argument("--lora-alpha", type=lora_alpha, default=None,
-                   help="α of the adapters' scale s = α / R (default R: s = 1)")
-    g.add_argument("--lora-targets", default=None,
-                   help="comma-separated layer names: qkv, o, fc1, fc2, lm_head, or the groups "
-                        "attn (qkv, o), mlp (fc1, fc2), all (every linear layer); default attn")
-    g.add_argument("--adapter", metavar="FILE", default=None,
-                   help="with --lora: where to write the adapter file (default: --checkpoint with "
-                        ".adapter.npz)")
+    add_lora_flags(g, lora=Flag(None, "train only rank-R LoRA adapters on --lora-targets of the "
+                                      "--base model"),
+                   lora_alpha=Flag(None, "α of the adapters' scale s = α / R (default R: s = 1)"),
+                   lora_targets=Flag(None, "comma-separated layer names: qkv, o, fc1, fc2, "
+                                           "lm_head, or the groups attn (qkv, o), mlp (fc1, fc2), "
+                                           "all (every linear layer); default attn"),
+                   adapter=Flag(None, "with --lora: where to write the adapter file (default: "
+                                      "--checkpoint with .adapter.npz)"))
 
 
 def check_args(args, defaults):
@@ -161,9 +160,8 @@ def finish(args, model):
 
 
 def add_generate_arguments(p):
-    p.add_argument("--adapter", metavar="FILE", default=None,
-                   help="a LoRA adapter file (run tinygpt --lora) trained on --checkpoint: "
-                        "loaded onto it and merged")
+    add_lora_flags(p, adapter=Flag(None, "a LoRA adapter file (run tinygpt --lora) trained on "
+                                         "--checkpoint: loaded onto it and merged"))
 
 
 def load_generate_adapter(args, model):

@@ -43,8 +43,10 @@ from tformer.decoding.quantize import dequantized
 from tformer.tuning.tune import margins, objective, tune
 from tformer.runs.files import (MALFORMED, check_tokenizer, load_tinygpt_file, load_tokenizer_file,
                     read_checkpoint_file, tokenizer_record)
-from tformer.runs.flags import (UsageError, _number, add_flag, dpo_beta, lora_alpha, nonnegative_int,
-                    positive_int, positive_learning_rate)
+from tformer.runs.flag_groups import (REQUIRED, Flag, add_checkpoint_flags, add_data_flags,
+                                      add_lora_flags, add_output_flags, add_training_flags)
+from tformer.runs.flags import (UsageError, dpo_beta, positive_int, positive_learning_rate,
+                                tuning_steps)
 from tformer.runs.finetune import checked_targets
 from tformer.runs.pairs_file import read_pairs
 from tformer.runs.declare import reads, writes
@@ -57,15 +59,7 @@ DEFAULT_TOKENIZER = "book/data/long_run_tokenizer.json"  # model and tokenizer
 LR = {"lora": 3e-4, "full": 3e-5}
 STEPS, BETA, BATCH_PAIRS = 150, 0.1, 16
 LORA_TARGETS = "all"                     # the preference experiment's adapters: every linear layer
-MAX_STEPS = 1_000_000                    # the order of the pairs is drawn for every step up front
 PROBE = 32                               # pairs whose objective is printed during training
-
-
-def steps_flag(text):
-    """``--steps``: an integer from 2 to ``MAX_STEPS``."""
-    return _number(text, int, f"an integer ≥ 2 (a warm-up step, then the schedule) and at most "
-                              f"{MAX_STEPS:,} (the order of the pairs is drawn for every step "
-                              f"before the first)", lambda v: 2 <= v <= MAX_STEPS)
 
 
 def add_arguments(p):
@@ -75,31 +69,32 @@ def add_arguments(p):
                       help="DPO on these pairs: JSON lines {prompt, chosen, rejected} (text)")
     what.add_argument("--sft", metavar="PAIRS", default=None,
                       help="fine-tune on the chosen responses of these pairs (the same file)")
-    p.add_argument("--checkpoint", metavar="MODEL", default=DEFAULT_CHECKPOINT,
-                   help="the TinyGPT to tune, float or int8 (it is also DPO's reference)")
-    p.add_argument("--tokenizer", metavar="FILE", default=None,
-                   help=f"the model's BPE tokenizer (None: {DEFAULT_TOKENIZER} with the default "
-                        f"--checkpoint, the 256 bytes with another)")
-    p.add_argument("--out", metavar="FILE", required=True,
-                   help="where to write the tuned model (a float TinyGPT checkpoint)")
+    add_checkpoint_flags(p, checkpoint=Flag(DEFAULT_CHECKPOINT, "the TinyGPT to tune, float or "
+                                                                "int8 (it is also DPO's reference)",
+                                            metavar="MODEL"))
+    add_data_flags(p, tokenizer=Flag(None, f"the model's BPE tokenizer (None: {DEFAULT_TOKENIZER} "
+                                           f"with the default --checkpoint, the 256 bytes with "
+                                           f"another)"))
+    add_output_flags(p, out=Flag(REQUIRED, "where to write the tuned model (a float TinyGPT "
+                                           "checkpoint)", metavar="FILE"))
     g = p.add_argument_group("LoRA")
-    g.add_argument("--lora", metavar="R", type=positive_int, default=None,
-                   help="train rank-R adapters alone (merged into the weights at the end)")
-    g.add_argument("--lora-alpha", metavar="A", type=lora_alpha, default=None,
-                   help="α of the adapters' scale s = α / R (None: R, s = 1)")
-    g.add_argument("--lora-targets", metavar="T", default=None,
-                   help=f"comma-separated layer names: qkv, o, fc1, fc2, lm_head, or the groups "
-                        f"attn, mlp, all (None: {LORA_TARGETS})")
-    p.add_argument("--steps", type=steps_flag, default=STEPS, help="optimizer steps")
-    p.add_argument("--lr", type=positive_learning_rate, default=None,
-                   help=f"peak learning rate (None: {LR['lora']:g} with --lora, {LR['full']:g} "
-                        f"without)")
+    add_lora_flags(g, lora=Flag(None, "train rank-R adapters alone (merged into the weights at the "
+                                      "end)"),
+                   lora_alpha=Flag(None, "α of the adapters' scale s = α / R (None: R, s = 1)",
+                                   metavar="A"),
+                   lora_targets=Flag(None, f"comma-separated layer names: qkv, o, fc1, fc2, "
+                                           f"lm_head, or the groups attn, mlp, all (None: "
+                                           f"{LORA_TARGETS})", metavar="T"))
+    add_training_flags(p, steps=Flag(STEPS, type=tuning_steps),
+                       lr=Flag(None, f"peak learning rate (None: {LR['lora']:g} with --lora, "
+                                     f"{LR['full']:g} without)", type=positive_learning_rate))
     p.add_argument("--beta", type=dpo_beta, default=None,
                    help=f"DPO's β, the strength of the pull toward the reference (None: {BETA:g}; "
                         f"with --sft, the β of the implicit reward reported)")
     p.add_argument("--batch-pairs", type=positive_int, default=BATCH_PAIRS,
                    help="pairs per step (at most the file's pairs)")
-    add_flag(p, "--seed", 0, "seed of the order of the pairs and of the adapters' start")
+    add_training_flags(p, seed=Flag(0, "seed of the order of the pairs and of the adapters' "
+                                       "start"))
 
 
 def files(args):

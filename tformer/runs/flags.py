@@ -8,6 +8,7 @@ anything is built. Flags that must agree with each other are checked by the run 
 into the command's usage error too (``tformer.__main__._check_flags``). Bad input found only once
 a command runs (a checkpoint that is not one) raises ``UsageError``, which ``python -m tformer``
 prints the same way: the command, the flag, what was expected and what was given, exit status 2.
+The flags two commands share are declared once, with these types, in ``tformer.runs.flag_groups``.
 """
 import argparse
 import math
@@ -180,6 +181,19 @@ def new_tokens(text):
                    lambda v: 0 <= v <= MAX_NEW_TOKENS)
 
 
+# The most steps a tuning run takes: the order of the preference pairs is drawn for every step
+# before the first.
+MAX_TUNING_STEPS = 1_000_000
+
+
+def tuning_steps(text):
+    """``finetune --steps``: an integer from 2 (a warm-up step, then the schedule) to
+    ``MAX_TUNING_STEPS``."""
+    return _number(text, int, f"an integer ≥ 2 (a warm-up step, then the schedule) and at most "
+                              f"{MAX_TUNING_STEPS:,} (the order of the pairs is drawn for every "
+                              f"step before the first)", lambda v: 2 <= v <= MAX_TUNING_STEPS)
+
+
 def bpe_vocab(text):
     """``--bpe V``: at least the 256 bytes and one merge."""
     return _number(text, int, "a vocabulary of at least 256 tokens (the bytes) and one merge, "
@@ -212,45 +226,6 @@ def temperatures(text):
                                             f"each 0 (greedy) or ≥ {MIN_TEMPERATURE:g}",
                                _temperature_ok))
     return out
-
-
-# The one table of the flags that the run commands and the experiments share: each flag's type
-# (its check, at parse time) and its usual help. ``add_flag(p, "--d-model", 64)`` declares one.
-FLAGS = {
-    "--d-model": (positive_int, "width C"),
-    "--n-heads": (positive_int, "attention heads H"),
-    "--n-layers": (positive_int, "blocks"),
-    "--n-kv-heads": (positive_int, "key/value heads of grouped-query attention"),
-    "--max-len": (positive_int, "context length T"),
-    "--batch-size": (positive_int, "windows per step B"),
-    "--steps": (positive_int, "optimizer steps"),
-    "--lr": (learning_rate, "peak learning rate"),
-    "--high-lr": (learning_rate, "a higher peak learning rate"),
-    "--min-lr": (learning_rate, "learning rate at the end of the cosine"),
-    "--min-lr-ratio": (nonnegative_float, "final learning rate / peak"),
-    "--warmup": (nonnegative_int, "linear warm-up steps"),
-    "--beta2": (probability, "AdamW's β₂"),
-    "--weight-decay": (weight_decay, "λ of AdamW's decoupled decay"),
-    "--clip": (nonnegative_float, "global gradient-norm clip (0: off)"),
-    "--eval-every": (nonnegative_int, "evaluate every this many steps"),
-    "--eval-windows": (positive_int, "windows of each evaluation"),
-    "--val-fraction": (share, "held-out tail of each document"),
-    "--seed": (nonnegative_int, "seed"),
-    "--seeds": (nonnegative_int, "one run per seed"),
-    "--vocab-sizes": (vocab_sizes, "vocabulary sizes V"),
-    "--time-rounds": (positive_int, "interleaved rounds of the timing"),
-    "--reps": (positive_int, "timed repetitions"),
-    "--lengths": (positive_int, "sequence lengths"),
-    "--max-new-tokens": (new_tokens, "tokens to generate"),
-    "--sample-tokens": (new_tokens, "tokens per sample"),
-    "--gen-tokens": (new_tokens, "tokens generated to time generation"),
-}
-
-
-def add_flag(p, flag, default, help=None, **kwargs):
-    """Declare ``flag`` on parser (or group) ``p`` with the type of ``FLAGS``."""
-    kind, usual = FLAGS[flag]
-    return p.add_argument(flag, type=kind, default=default, help=help or usual, **kwargs)
 
 
 # The most numbers one activation of the small systems' runs may hold (B·T·C, B·T·T): 2^28, a

@@ -19,18 +19,19 @@ from tformer.runs import finetune
 from tformer.runs.tinygpt import DEFAULT_CHECKPOINT
 from tformer.runs.files import load_tinygpt  # noqa: F401  (rebuilds a TinyGPT from its checkpoint)
 from tformer.runs.files import check_tokenizer, load_tinygpt_file, load_tokenizer_file
-from tformer.runs.flags import (MAX_NEW_TOKENS, UsageError, add_flag, idle, min_p, new_tokens,
-                    nonnegative_int, positive_int,
-                    temperature, top_p, utf8_text)
+from tformer.runs.flag_groups import (Flag, add_checkpoint_flags, add_data_flags,
+                                      add_sampling_flags, add_training_flags)
+from tformer.runs.flags import (MAX_NEW_TOKENS, UsageError, idle, min_p, new_tokens, positive_int,
+                                temperature, top_p)
 
 
 def add_arguments(p):
     """The generate command's flags."""
-    p.add_argument("--checkpoint", default=DEFAULT_CHECKPOINT,
-                   help="a checkpoint saved by `python -m tformer run tinygpt`")
-    p.add_argument("--prompt", type=utf8_text, default="def ", help="text to continue")
-    add_flag(p, "--max-new-tokens", 200,
-             f"tokens to generate (at most {MAX_NEW_TOKENS:,}: what the command holds "
+    add_checkpoint_flags(p, checkpoint=Flag(DEFAULT_CHECKPOINT, "a checkpoint saved by `python -m "
+                                                                "tformer run tinygpt`"))
+    add_sampling_flags(p, prompt="def ")
+    p.add_argument("--max-new-tokens", type=new_tokens, default=200,
+                   help=f"tokens to generate (at most {MAX_NEW_TOKENS:,}: what the command holds "
                         f"and prints at once)")
     p.add_argument("--temperature", type=temperature, default=0.8, help="0 = greedy; > 1 flatter, < 1 sharper")
     p.add_argument("--top-k", type=positive_int, default=None, help="sample only from the k most likely bytes")
@@ -43,11 +44,11 @@ def add_arguments(p):
                         "checkpoint's model checks (the same distribution of text)")
     p.add_argument("--lookahead", type=positive_int, default=None,
                    help=f"tokens the --draft proposes per round (default {LOOKAHEAD})")
-    add_flag(p, "--seed", 0, "seed of the draws: the same seed, the same text")
+    add_training_flags(p, seed=Flag(0, "seed of the draws: the same seed, the same text"))
     p.add_argument("--no-cache", action="store_true", help="recompute everything at every step")
-    p.add_argument("--tokenizer", metavar="FILE", default=None,
-                   help="the BPE tokenizer a model trained on tokens was trained with "
-                        "(run tinygpt --bpe V saves it beside the checkpoint)")
+    add_data_flags(p, tokenizer=Flag(None, "the BPE tokenizer a model trained on tokens was "
+                                           "trained with (run tinygpt --bpe V saves it beside "
+                                           "the checkpoint)"))
     finetune.add_generate_arguments(p)
 
 

@@ -26,7 +26,9 @@ from tformer.models.tinygpt import TinyGPT
 from tformer.models.transformer import Transformer
 from tformer.decoding.quantize import SCHEMES, quantize_model, save_quantized
 from tformer.runs.files import MALFORMED, read_checkpoint_file
-from tformer.runs.flags import UsageError, new_tokens, positive_int
+from tformer.runs.flag_groups import (REQUIRED, Flag, add_output_flags, add_sampling_flags,
+                                      add_training_flags)
+from tformer.runs.flags import UsageError
 from tformer.runs.declare import reads, writes
 
 EXPECTED = "a float checkpoint saved by `python -m tformer run tinygpt` or `run transformer`"
@@ -35,13 +37,12 @@ EXPECTED = "a float checkpoint saved by `python -m tformer run tinygpt` or `run 
 def add_arguments(p):
     """The quantize command's flags."""
     p.add_argument("checkpoint", help="a float32 checkpoint (python -m tformer run tinygpt / transformer)")
-    p.add_argument("--out", required=True, help="where to write the quantized checkpoint")
+    add_output_flags(p, out=Flag(REQUIRED, "where to write the quantized checkpoint"))
     p.add_argument("--scheme", choices=SCHEMES, default="w8",
                    help="w8: int8 weights; w8a8: int8 weights and per-token int8 activations")
-    p.add_argument("--eval-windows", type=positive_int, default=None,
-                   help="TinyGPT: validation windows to score (default: as many as the run used)")
-    p.add_argument("--gen-tokens", type=new_tokens, default=64,
-                   help="TinyGPT: bytes generated to time generation")
+    add_training_flags(p, eval_windows=Flag(None, "TinyGPT: validation windows to score (default: "
+                                                  "as many as the run used)"))
+    add_sampling_flags(p, gen_tokens=Flag(64, "TinyGPT: bytes generated to time generation"))
 
 
 def files(args):

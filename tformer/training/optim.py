@@ -68,15 +68,16 @@ class Optimizer:
         self._flat = None
         params = list(self._parameters())
         flat = model.flat_buffers() if hasattr(model, "flat_buffers") else None
-        if flat is not None and not self._frozen_seen:
+        layout = model.flat_layout() if flat is not None else None
+        if layout is not None and not self._frozen_seen:
             # The model keeps its parameters in one flat buffer (Module.flatten_parameters): the
-            # state gets one flat array per slot, and each parameter's state is a view of its slice.
+            # state gets one flat array per slot, and each parameter's state is a view of its
+            # slice, where the buffer's table (Module.flat_layout) puts the parameter.
             P, G = flat
             slots = {s: np.zeros_like(P) for s in self._slots}
-            base = P.__array_interface__["data"][0]
             for name, param, grad in params:
-                at = (param.__array_interface__["data"][0] - base) // P.itemsize
-                self.state[name] = {s: a[at:at + param.size].reshape(param.shape) for s, a in slots.items()}
+                at, shape = layout[name]
+                self.state[name] = {s: a[at:at + param.size].reshape(shape) for s, a in slots.items()}
             self._flat = (P, G, slots)
         else:
             for name, param, grad in params:

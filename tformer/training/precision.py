@@ -166,14 +166,14 @@ class MixedPrecision:
                 raise TypeError(f"model: mixed precision needs float32 parameters (the masters), "
                                 f"got {p.dtype}")
         flat = self.model.flat_buffers()
-        if flat is not None:
+        layout = self.model.flat_layout() if flat is not None else None
+        if layout is not None:                      # the copies laid out as the masters are
             P = flat[0]
             self._flat = (P, np.empty(P.shape, self.dtype))           # masters, copies
-            base = P.__array_interface__["data"][0]
             copies = {}
-            for p in masters:
-                at = (p.__array_interface__["data"][0] - base) // P.itemsize
-                copies[id(p)] = self._flat[1][at:at + p.size].reshape(p.shape)
+            for name, p, _ in self.model.named_parameters():
+                at, shape = layout[name]
+                copies[id(p)] = self._flat[1][at:at + p.size].reshape(shape)
         else:
             self._flat = None
             copies = {id(p): np.empty(p.shape, self.dtype) for p in masters}

@@ -48,7 +48,7 @@ class ShardedOptimizer:
 
     def __init__(self, dp, make):
         self.dp = dp
-        self.shard = _Shard(dp.P[dp.lo:dp.hi], dp.g_shard, trained_runs(dp.model, dp.P, dp.lo, dp.hi))
+        self.shard = _Shard(dp.P[dp.lo:dp.hi], dp.g_shard, trained_runs(dp.model, dp.lo, dp.hi))
         self.inner = make(self.shard)
 
     @property
@@ -78,15 +78,15 @@ class ShardedOptimizer:
 
     def _names(self):
         """``(name, offset, shape)`` of every trained parameter of the model in the flat buffer
-        (the keys of the whole-model optimizer's state: a frozen parameter has none)."""
-        P = self.dp.P
-        base = P.__array_interface__["data"][0]
+        (the keys of the whole-model optimizer's state: a frozen parameter has none), from the
+        buffer's table (``Module.flat_layout``)."""
+        layout = _layout(self.dp.model)
         out, seen = [], set()
         for name, p, g in self.dp.model.named_parameters():
             if id(p) in seen or g is None:
                 continue
             seen.add(id(p))
-            out.append((name, (p.__array_interface__["data"][0] - base) // P.itemsize, p.shape))
+            out.append((name, *layout[name]))
         return out
 
     def _join(self, inner_sd, slot):
@@ -138,25 +138,29 @@ class ShardedOptimizer:
                 if value.shape != tuple(shape):
                     raise ValueError(f"optimizer state {key!r}: expected shape {tuple(shape)}, got {value.shape}")
                 full[at:at + value.size] = value.reshape(-1)
-            for name, _, value in self.shard.named_parameters():
-                a = (value.__array_interface__["data"][0]
-                     - dp.P.__array_interface__["data"][0]) // dp.P.itemsize
-                inner_sd[f"{slot}.{name}"] = full[a:a + value.size]
+            for (name, _, _), (a, b) in zip(self.shard.named_parameters(), self.shard.runs or [(0, 0)]):
+                inner_sd[f"{slot}.{name}"] = full[dp.lo + a:dp.lo + b]       # run (a, b) of [lo, hi)
         self.inner.load_state_dict(inner_sd)
 
 
-def trained_runs(model, P, lo, hi):
-    """``[(a, b)]``: the runs of trained numbers of ``P[lo:hi]`` (offsets from ``lo``), in order;
-    ``[(0, hi − lo)]`` when nothing is frozen. A number is trained when its parameter is
-    (``named_parameters`` gives it a gradient)."""
-    base = P.__array_interface__["data"][0]
-    trained = np.ones(P.size, bool)
-    for _, p, g in model.named_parameters():
-        if g is None:
-            at = (p.__array_interface__["data"][0] - base) // P.itemsize
-            trained[at:at + p.size] = False
+def trained_runs(model, lo, hi):
+    """``[(a, b)]``: the runs of trained numbers of ``P[lo:hi]`` of the model's flat buffer
+    (offsets from ``lo``), in order; ``[(0, hi − lo)]`` when nothing is frozen. A number is
+    trained when its parameter is (``Module.frozen_mask``: the frozen places of the store)."""
+    _layout(model)                      # raises if the buffers no longer hold the parameters
+    trained = ~model.frozen_mask()
     edges = np.flatnonzero(np.diff(np.concatenate([[0], trained[lo:hi].astype(np.int8), [0]])))
     return [(int(a), int(b)) for a, b in zip(edges[::2], edges[1::2])]
+
+
+def _layout(model):
+    """``model.flat_layout()``, or ValueError when its tree no longer matches its flat buffers."""
+    layout = model.flat_layout()
+    if layout is None:
+        raise ValueError(f"model: its flat buffers no longer hold its parameters as named "
+                         f"(a layer added or replaced since); call {type(model).__name__}."
+                         f"flatten_parameters() before DataParallel")
+    return layout
 
 
 class _StateDict(dict):

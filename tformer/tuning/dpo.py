@@ -43,8 +43,10 @@ order. A pair already ordered by a wide margin adds almost nothing. The referenc
 its log-probabilities come once from the frozen model (``sequence_logp``).
 
 **Numerics.** −log σ(u) = log(1 + e^{−u}) = logaddexp(0, −u) and σ(−u) = exp(−logaddexp(0, u)):
-no overflow, and no 1 − σ rounded to 0, however large u is; the log-softmax is the package's
-``tformer.kernels.losses.log_softmax`` (the row maximum subtracted).
+no overflow, and no 1 − σ rounded to 0, however large u is (``logistic_loss``); the log-softmax
+subtracts the row maximum. Every one of these equations has its home in ``tformer.kernels.losses``
+(the reference) and ``tformer.fast.losses`` (what runs here): ``log_softmax``, ``sequence_logp``,
+``sequence_logp_backward``, ``logistic_loss``.
 
 **Shapes.** ``logits_w: (B, T_w, V)`` and ``logits_l: (B, T_l, V)`` (a pair's two responses may
 differ in length), ``targets_*, mask_*: (B, T_*)``, ``ref_logp_w, ref_logp_l: (B,)``; B pairs.
@@ -61,7 +63,7 @@ from typing import NamedTuple
 import numpy as np
 
 from tformer.core.validate import float_array, int_array, same_dtype
-from tformer.kernels.losses import log_softmax
+from tformer.fast import losses as fast
 
 
 class DPOCache(NamedTuple):
@@ -75,27 +77,6 @@ class DPOCache(NamedTuple):
     sig: np.ndarray         # σ(−βΔ) per pair (B,)
 
 
-def _logp_of(logp, targets, mask):
-    """log π(y) = Σ_t m_t logp_t[y_t].  Shapes: ``(B, T, V), (B, T), (B, T)`` -> ``(B,)``."""
-    logp_y = np.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]   # (B, T)
-    return np.where(mask, logp_y, 0).sum(axis=1)                            # (B,)
-
-
-def _logp_backward(g, logp, targets, mask, out=None):
-    """∂(Σ_b g_b log π(y_b))/∂z_t = g m_t (onehot(y_t) − softmax(z_t)).
-
-    Written as −w softmax(z_t), then + w at the target, w = g m_t: no one-hot array of (B, T, V).
-    ``out``: a (B, T, V) array to write into (a half of a batch's gradient), else a new one.
-    Shapes: ``g: (B,)``, ``logp: (B, T, V)``, ``targets, mask: (B, T)`` -> ``(B, T, V)``.
-    """
-    w = (g[:, None] * mask)[..., None]                                      # (B, T, 1)
-    d = np.exp(logp, out=out)                                               # softmax(z_t)
-    np.multiply(d, -w, out=d)
-    y = targets[..., None]
-    np.put_along_axis(d, y, np.take_along_axis(d, y, axis=-1) + w, axis=-1)
-    return d
-
-
 def sequence_logp(logits, targets, mask):
     """log π(y|x) = Σ_t m_t log softmax(z_t)[y_t]: each response's log-probability (checked).
 
@@ -103,8 +84,8 @@ def sequence_logp(logits, targets, mask):
     Shapes: ``logits: (B, T, V)``, ``targets: (B, T)`` integers in [0, V) where the mask is set,
     ``mask: (B, T)`` bool (or 0/1) with a response position in every row  ->  ``(B,)``.
     """
-    targets, mask = _check_response("", logits, targets, mask)
-    return _logp_of(log_softmax(logits), targets, mask)
+    targets, mask = check_response("", logits, targets, mask)
+    return fast.sequence_logp(fast.log_softmax(logits), targets, mask)
 
 
 def dpo_forward(logits_w, targets_w, mask_w, logits_l, targets_l, mask_l, ref_logp_w, ref_logp_l,
@@ -118,11 +99,10 @@ def dpo_forward(logits_w, targets_w, mask_w, logits_l, targets_l, mask_l, ref_lo
     """
     targets_w, mask_w, targets_l, mask_l = _check_dpo(
         logits_w, targets_w, mask_w, logits_l, targets_l, mask_l, ref_logp_w, ref_logp_l, beta)
-    logp_w, logp_l = log_softmax(logits_w), log_softmax(logits_l)            # (B, T_*, V)
-    delta = ((_logp_of(logp_w, targets_w, mask_w) - ref_logp_w)
-             - (_logp_of(logp_l, targets_l, mask_l) - ref_logp_l))           # (B,)
-    losses = np.logaddexp(0, -beta * delta)                                  # −log σ(βΔ)
-    sig = np.exp(-np.logaddexp(0, beta * delta))                             # σ(−βΔ)
+    logp_w, logp_l = fast.log_softmax(logits_w), fast.log_softmax(logits_l)  # (B, T_*, V)
+    delta = ((fast.sequence_logp(logp_w, targets_w, mask_w) - ref_logp_w)
+             - (fast.sequence_logp(logp_l, targets_l, mask_l) - ref_logp_l))   # (B,)
+    losses, sig = fast.logistic_loss(beta * delta)                           # −log σ(βΔ), σ(−βΔ)
     return losses, DPOCache(logp_w, targets_w, mask_w, logp_l, targets_l, mask_l, beta, sig)
 
 
@@ -141,8 +121,8 @@ def dpo_backward(dlosses, cache, out=None):
         raise ValueError(f"dlosses: expected shape ({B},) (one per pair), got {dlosses.shape}")
     out_w, out_l = (None, None) if out is None else out
     dlogp_w = -dlosses * cache.beta * cache.sig                              # ∂L/∂log π(y_w) = ∂L/∂Δ
-    return (_logp_backward(dlogp_w, cache.logp_w, cache.targets_w, cache.mask_w, out_w),
-            _logp_backward(-dlogp_w, cache.logp_l, cache.targets_l, cache.mask_l, out_l))
+    return (fast.sequence_logp_backward(dlogp_w, cache.logp_w, cache.targets_w, cache.mask_w, out_w),
+            fast.sequence_logp_backward(-dlogp_w, cache.logp_l, cache.targets_l, cache.mask_l, out_l))
 
 
 def dpo_loss(logits_w, targets_w, mask_w, logits_l, targets_l, mask_l, ref_logp_w, ref_logp_l,
@@ -160,7 +140,7 @@ def dpo_loss(logits_w, targets_w, mask_w, logits_l, targets_l, mask_l, ref_logp_
 
 # --- the checks, once, where the arguments enter ---------------------------------------------------
 
-def _check_response(suffix, logits, targets, mask):
+def check_response(suffix, logits, targets, mask):
     """``logits: (B, T, V)`` finite, ``targets, mask: (B, T)``, a response position in every row,
     targets in [0, V) on them. Returns the targets (0 off the mask) and the mask as bool."""
     float_array(f"logits{suffix}", logits, ndim=3)
@@ -197,13 +177,13 @@ def _check_dpo(logits_w, targets_w, mask_w, logits_l, targets_l, mask_l, ref_log
         raise TypeError(f"beta: expected a finite number > 0, got {type(beta).__name__}")
     if not (np.isfinite(beta) and beta > 0):
         raise ValueError(f"beta: expected a finite number > 0, got {beta}")
-    targets_w, mask_w = _check_response("_w", logits_w, targets_w, mask_w)
+    targets_w, mask_w = check_response("_w", logits_w, targets_w, mask_w)
     B, _, V = logits_w.shape
     float_array("logits_l", logits_l, ndim=3)
     if logits_l.shape[0] != B or logits_l.shape[2] != V:
         raise ValueError(f"logits_l: expected B = {B} pairs and V = {V} (from logits_w "
                          f"{logits_w.shape}), got shape {logits_l.shape}")
-    targets_l, mask_l = _check_response("_l", logits_l, targets_l, mask_l)
+    targets_l, mask_l = check_response("_l", logits_l, targets_l, mask_l)
     for name, ref in (("ref_logp_w", ref_logp_w), ("ref_logp_l", ref_logp_l)):
         float_array(name, ref)
         if ref.shape != (B,):
