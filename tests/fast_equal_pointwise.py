@@ -1,4 +1,4 @@
-"""Shared by tests/test_fast_*.py: the thread-count fixture and the check that a fast kernel equals
+"""Shared by tests/kernels/test_fast_*.py: the thread-count fixture and the check that a fast kernel equals
 its reference kernel."""
 import numpy as np
 import pytest

@@ -3,12 +3,12 @@
 Each layer is one folder of ``tformer/``: the folders are the layers. A module may import from
 its own folder or from a folder below, never from one above, and no chain of imports may come
 back to where it started. Every import counts: at the top of a module and inside a function (a
-lazy import is a dependency all the same). ``tests/test_imports.py`` runs the checker on
+lazy import is a dependency all the same). ``tests/house/test_imports.py`` runs the checker on
 ``tformer``.
 
 This list is the package map's one copy: what each folder holds is its ``__init__.py``'s first
 paragraph, and ``package_map()`` renders both into the block of ``README.md`` that
-``tests/test_imports.py`` holds equal to it (``python tools/package_map.py --write`` rewrites it).
+``tests/house/test_imports.py`` holds equal to it (``python tools/package_map.py --write`` rewrites it).
 
 Why some modules sit where they do:
 - ``core.parallel`` (the thread pool) is below the kernels: every kernel splits its rows with it;

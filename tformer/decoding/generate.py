@@ -4,7 +4,7 @@ A token model is anything with ``forward(tokens: (B, T) ints) -> logits: (B, T, 
 decode with a key/value cache (``tformer.decoding.kv_cache.supports``: TinyGPT), decoding runs the prompt
 once to fill one cache per block and then feeds one new token per step: step ``t`` costs O(t)
 attention work instead of a full O(t²) recomputation, and the logits are the same
-(``tests/test_decode.py`` checks every step).
+(``tests/decoding/test_decode.py`` checks every step).
 
 Context longer than the model's ``max_len``: only the last ``max_len`` tokens are fed (the
 prompt is cropped on the left, as nanoGPT does). With learned or sinusoidal positions, sliding the

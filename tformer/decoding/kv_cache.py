@@ -13,7 +13,7 @@ products, a LoRA layer with its adapter, the modern block's layers as they train
 One new token a sequence takes each layer's row path where the layer has one (TinyGPT's default
 block: ``PreNormBlock.rows``; LN_f and the head), a choice made beneath the layers
 (``tformer.fast.decode``): the same NumPy calls on the same arrays in a fraction of the Python
-calls (the chapter "Performance" counts both), tests/test_decode.py holding it bit for bit equal
+calls (the chapter "Performance" counts both), tests/decoding/test_decode.py holding it bit for bit equal
 to the general path. ``new_caches(model, B, lean=False)`` keeps every step on the general path.
 
 A model decodes with a cache when it has ``forward(tokens, kv_cache)``, ``blocks`` whose

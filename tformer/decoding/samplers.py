@@ -17,7 +17,7 @@ are those of the tempered distribution, already cut by top-k (top-k itself commu
 temperature: dividing by τ > 0 keeps the order of the logits).
 
 **Limits.** ``top_k=1`` and ``τ → 0`` are greedy (only the argmax); ``top_p=1``, ``min_p=0`` and
-``top_k ≥ V`` keep every token; ``τ = 1`` changes nothing. ``tests/test_samplers.py`` checks these,
+``top_k ≥ V`` keep every token; ``τ = 1`` changes nothing. ``tests/decoding/test_samplers.py`` checks these,
 the mass each keeps, and every filter and their composition against Hugging Face's processors.
 
 Bad values raise ValueError naming the argument (``top_k`` an integer ≥ 1, ``top_p`` in (0, 1],

@@ -15,7 +15,7 @@ Why they are distributed as p: a token x leaves step i either accepted, with pro
 q(x) min(1, p(x)/q(x)) = min(p(x), q(x)), or drawn from the residual after a rejection, whose
 probability is 1 − Σ_y min(p(y), q(y)) = Σ_y max(0, p(y) − q(y)); that times the residual's
 max(0, p(x) − q(x)) / Σ_y max(0, p(y) − q(y)) is max(0, p(x) − q(x)), and
-min(p, q) + max(0, p − q) = p. (tests/test_speculative.py proves it with SymPy, and enumerates
+min(p, q) + max(0, p − q) = p. (tests/decoding/test_speculative.py proves it with SymPy, and enumerates
 every branch of the rounds on tiny models.)
 
 **Samplers.** p and q are the *filtered* distributions (``tformer.decoding.samplers.probabilities``: the

@@ -1,6 +1,6 @@
 """Activations, faster: y = max(0, x), σ(x), h σ(h), x Φ(x), and their derivatives.
 
-Equal to ``tformer.kernels.activations`` (``tests/test_fast_activations.py``). Faster where it
+Equal to ``tformer.kernels.activations`` (``tests/kernels/test_fast_activations.py``). Faster where it
 counts, in GELU (tanh form), the activation of TinyGPT: every step in place on one temporary, the
 constants folded, σ(2u) = ½(1 + tanh u) computed with one exp instead of one tanh, the elements
 split across threads (``parallel.parallel_for``), and the backward written into a buffer it is

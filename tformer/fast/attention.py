@@ -1,5 +1,5 @@
 """Y = softmax(S) V,  S = scale · Q Kᵀ + M, and its gradients: the faster version of
-``tformer.kernels.attention`` (same results; ``tests/test_fast_attention.py`` holds them equal).
+``tformer.kernels.attention`` (same results; ``tests/kernels/test_fast_attention.py`` holds them equal).
 
 What makes it faster:
 

@@ -12,7 +12,7 @@ same order, and little else, through the same row functions as the kernels
 cache's own ``append``.
 
 The results are those of ``layernorm_forward``, ``linear_forward``, ``attention_forward``
-(one query, no mask) and ``gelu_forward`` (tanh), bit for bit (``tests/test_decode.py``):
+(one query, no mask) and ``gelu_forward`` (tanh), bit for bit (``tests/decoding/test_decode.py``):
 each kernel's row function runs on arrays of the same shapes and strides. A row path is
 taken only where no kernel would split its work across threads (``no_split``), so the
 general path computes every result whole as well.

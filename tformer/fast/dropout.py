@@ -1,6 +1,6 @@
 """Inverted dropout, as the layers call it: y = x ⊙ m / (1 − p), m_i ~ Bernoulli(1 − p).
 
-Equal to ``tformer.kernels.dropout`` (``tests/test_fast_dropout.py``) for float32 and float64: the
+Equal to ``tformer.kernels.dropout`` (``tests/kernels/test_fast_dropout.py``) for float32 and float64: the
 same draws from the same generator, the scale multiplied into the mask in place. float16/bfloat16:
 the uniform numbers are drawn in float32 (NumPy draws no others), so the masks are those of float32.
 """

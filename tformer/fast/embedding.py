@@ -1,6 +1,6 @@
 """Embedding, faster: E = W[tokens], and its gradient dW[v] = Σ_{tokens = v} dE by sorting.
 
-Equal to ``tformer.kernels.embedding`` (``tests/test_fast_embedding.py``). The backward sorts the
+Equal to ``tformer.kernels.embedding`` (``tests/kernels/test_fast_embedding.py``). The backward sorts the
 positions by token once and sums each run of equal tokens with ``np.add.reduceat`` (one vectorised
 pass), instead of ``np.add.at``'s slow unbuffered scatter; float16/bfloat16 sum in float32.
 """

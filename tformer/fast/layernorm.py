@@ -1,6 +1,6 @@
 """LayerNorm, faster: y = γ ⊙ (x − μ)·rstd + β over the last axis, and its compact backward.
 
-Equal to ``tformer.kernels.layernorm`` (``tests/test_fast_layernorm.py``). Faster because the
+Equal to ``tformer.kernels.layernorm`` (``tests/kernels/test_fast_layernorm.py``). Faster because the
 rows are split across threads (``parallel.parallel_for``), every step writes into the output (or
 a per-thread ``scratch`` buffer) instead of a new array, the row means are one BLAS
 matrix-vector product with (1/C, ..., 1/C), and dγ, dβ run as two tasks side by side

@@ -1,6 +1,6 @@
 """Y = X W + b and its gradients dX = dY Wᵀ, dW = Xᵀ dY, db = Σ_rows dY (all three, or dX and db
 alone when W is frozen): the faster version of ``tformer.kernels.linear`` (same results;
-``tests/test_fast_linear.py`` holds them equal).
+``tests/kernels/test_fast_linear.py`` holds them equal).
 
 What makes it faster: the rows are split across ``tformer.core.parallel`` threads, y is written into a
 buffer it is given (``out=``), dW and db are added into the running gradients inside the thread

@@ -2,7 +2,7 @@
 sequence's log-probability with its gradient (DPO, beam search, the decoding and preference
 measurements: every log-probability the package takes outside a training step's loss).
 
-Equal to ``tformer.kernels.losses`` (``tests/test_fast_losses.py``). ``cross_entropy`` is the one
+Equal to ``tformer.kernels.losses`` (``tests/kernels/test_fast_losses.py``). ``cross_entropy`` is the one
 that matters (every training step of a token model): softmax, log, the target's pick and the
 gradient fused into one pass over each block of rows, the rows split across threads
 (``parallel.parallel_for``), each row shifted by its target's own logit (no reduction over V to

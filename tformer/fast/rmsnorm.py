@@ -1,6 +1,6 @@
 """RMSNorm, faster: y = γ ⊙ x · rstd, rstd = 1/√(mean(x²) + ε) over the last axis, and its backward.
 
-Equal to ``tformer.kernels.rmsnorm`` (``tests/test_fast_modern.py``). Faster because the rows are
+Equal to ``tformer.kernels.rmsnorm`` (``tests/kernels/test_fast_modern.py``). Faster because the rows are
 split across threads (``parallel.parallel_for``), the sums of squares are ``np.vecdot`` and every
 step writes into the output (or a per-thread ``scratch`` buffer) instead of a new array.
 float16/bfloat16: computed in float32 on upcast copies, as LayerNorm.

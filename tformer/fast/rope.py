@@ -1,6 +1,6 @@
 """RoPE, faster: each pair of channels (x₂ᵢ, x₂ᵢ₊₁) rotated by φᵢ = p · base^(−2i/D), and its backward.
 
-Equal to ``tformer.kernels.rope`` (``tests/test_fast_modern.py``). Faster because the leading axis
+Equal to ``tformer.kernels.rope`` (``tests/kernels/test_fast_modern.py``). Faster because the leading axis
 is split across threads (``parallel.parallel_for``), a strided input (a head of the fused q, k, v
 projection) is copied to a contiguous array before the rotation, and the backward can write into a
 buffer it is given (``out=``, possibly ``dy`` itself or a head of a fused gradient).

@@ -1,6 +1,6 @@
 """Softmax, faster: s_i = exp(x_i − m) / Σ_j exp(x_j − m), and dx = s ⊙ (g − ⟨g, s⟩).
 
-Equal to ``tformer.kernels.softmax`` (``tests/test_fast_softmax.py``). Faster because it makes
+Equal to ``tformer.kernels.softmax`` (``tests/kernels/test_fast_softmax.py``). Faster because it makes
 one array (the output) and works in place on it, sums rows by a BLAS matrix-vector product, finds
 the row maximum by ``fmax``, and lets attention normalise its scores in place (``_softmax_inplace``)
 or shift causal rows by the query's own score (``_softmax_shifted_inplace``). float16/bfloat16 run

@@ -1,6 +1,6 @@
 """SwiGLU, faster: y = silu(a) ⊙ b, and its backward.
 
-Equal to ``tformer.kernels.swiglu`` (``tests/test_fast_modern.py``). Faster because the first
+Equal to ``tformer.kernels.swiglu`` (``tests/kernels/test_fast_modern.py``). Faster because the first
 axis is split across threads (``parallel.parallel_for``), every step writes into the output or
 one temporary instead of a new array, and the backward can write its two gradients into buffers
 it is given (``out=``, e.g. the two halves of one ``(B, T, 2 d_ff)`` gradient).

@@ -3,7 +3,7 @@ chapter derives them.
 
 The layers call the faster version ``tformer.fast.attention`` (threads, causal tiles, grouped-query
 heads, ``out=`` buffers, float16/bfloat16), through ``tformer.nn.functional``;
-``tests/test_fast_attention.py`` holds it equal to this one.
+``tests/kernels/test_fast_attention.py`` holds it equal to this one.
 """
 import math
 from typing import NamedTuple

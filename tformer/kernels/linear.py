@@ -2,7 +2,7 @@
 and the backward pass of a layer whose W is frozen (dX and db, no dW).
 
 The layers call the faster version ``tformer.fast.linear`` (threads, ``out=``, ``accumulate=``,
-float16/bfloat16), through ``tformer.nn.functional``; ``tests/test_fast_linear.py`` holds it equal to
+float16/bfloat16), through ``tformer.nn.functional``; ``tests/kernels/test_fast_linear.py`` holds it equal to
 this one.
 """
 from typing import NamedTuple

@@ -7,7 +7,7 @@ flag the command does not take. A group function may be called several times wit
 keywords, to put flags in several sections of one ``--help``.
 
 Each flag's name, type (its range at parse time, ``tformer.runs.flags``), action, nargs and usual
-help are written here alone; ``tests/test_flags_once.py`` counts every flag string passed to
+help are written here alone; ``tests/house/test_flags_once.py`` counts every flag string passed to
 ``add_argument`` in the package and fails on a second declaration. A flag whose commands need
 different ranges lists the other ones here (``other_ranges``), and a command picks one with
 ``Flag(type=...)``: ``--eval-every`` of a run whose curves need evaluations is ≥ 1, of the others

@@ -20,7 +20,7 @@ the backward pass), and inside a part every kernel runs serially on its thread, 
 
 What changes with the thread count: as when a product is split by rows, the last bits. A weight
 gradient Xᵀ dY becomes a sum of the parts' products, rounded differently from the one product
-(``tests/test_replicas.py`` checks the parts against the whole in float32 and float64). At a given
+(``tests/training/test_replicas.py`` checks the parts against the whole in float32 and float64). At a given
 thread count everything is deterministic: the parts are fixed, the sum is taken in part order.
 
 Only a forward pass that draws no random numbers is split (no active dropout): the masks would

@@ -16,7 +16,7 @@ removes), and the decay uses the unscaled η. Two differences, both of layout or
 
 - tformer stores W as ``(d_in, d_out)``, the transpose of torch's ``nn.Linear.weight``
   ``(d_out, d_in)``; NS(Wᵀ) = NS(W)ᵀ, and s reads d_out/d_in from the layer's meaning, so the same
-  layer gets the same update (``tests/test_torch_parity_muon.py`` compares W with torch's weightᵀ).
+  layer gets the same update (``tests/training/test_torch_parity_muon.py`` compares W with torch's weightᵀ).
 - torch runs the Newton–Schulz iteration in bfloat16 on every device; here it runs in the
   parameter's own dtype (float32, or float64 for the parity tests, where torch's bfloat16 cast
   is replaced by a copy).

@@ -175,7 +175,7 @@ class Optimizer:
         raise NotImplementedError
 
     def _update_inplace(self, param, grad, state):
-        """``_update`` with the same arithmetic and no temporary arrays (``tests/test_optim.py``
+        """``_update`` with the same arithmetic and no temporary arrays (``tests/training/test_optim.py``
         holds the two equal bit for bit); the step's contiguous sweep calls this one."""
         self._update(param, grad, state)
 

@@ -54,7 +54,7 @@ The logits at position t score the target at t: for a causal model, logits[:, :-
 tokens[:, 1:], as for ``cross_entropy``. Bad input raises ValueError (TypeError for the wrong
 kind) naming the argument, what was expected and what came, once, where it enters.
 
-``tests/test_dpo.py`` derives the maximiser and the gradient in SymPy, checks the backward by
+``tests/tuning/test_dpo.py`` derives the maximiser and the gradient in SymPy, checks the backward by
 finite differences and against PyTorch in float64, and the loss against Hugging Face TRL's.
 """
 import numbers

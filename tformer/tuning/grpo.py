@@ -72,7 +72,7 @@ Bad input raises ValueError (TypeError for the wrong kind) naming the argument, 
 and what came, once, where it enters. TRL's ``delta`` (two-sided clip), ``use_bias_correction_kl``,
 entropy masks and bonus, and its "cispo", "sapo" and "vespo" objectives are not here.
 
-``tests/test_grpo.py`` checks the gradient by finite differences and PyTorch in float64, the loss
+``tests/tuning/test_grpo.py`` checks the gradient by finite differences and PyTorch in float64, the loss
 and gradient against TRL's ``GRPOTrainer._compute_loss``, and k3 and the score-function identity
 in SymPy.
 """
