@@ -1,4 +1,4 @@
-"""The shared part of the property-based tests (tests/test_properties*.py): one bounded, deterministic
+"""The shared part of the property-based tests (tests/kernels/test_properties*.py): one bounded, deterministic
 hypothesis profile, and strategies for shapes, dtypes and float arrays.
 
 ``PROFILE``: ``derandomize=True`` (the examples are a function of the test's code, so CI sees the
