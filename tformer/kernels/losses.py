@@ -111,8 +111,9 @@ def logistic_loss(u):
     """L = −log σ(u) = log(1 + e^{−u}) and σ(−u) = −dL/du: returns ``(L, σ(−u))``.
 
     Both through logaddexp, log(1 + e^{−u}) = logaddexp(0, −u) and σ(−u) = e^{−logaddexp(0, u)}:
-    no e^{|u|} overflows, and σ(−u) is never 1 − σ(u) rounded to 0, however large u is (DPO's
-    loss of a pair, u = βΔ: the Bradley–Terry likelihood of the preferred order).
+    no exponential overflows, whatever the size and sign of u, and σ(−u) is never 1 − σ(u)
+    rounded to 0 (DPO's loss of a pair, u = βΔ: the Bradley–Terry likelihood of the preferred
+    order).
     Shapes: ``u: (...)``  ->  ``(L: like u, σ(−u): like u)``.
     """
     return np.logaddexp(0, -u), np.exp(-np.logaddexp(0, u))
