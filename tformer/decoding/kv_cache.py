@@ -10,11 +10,13 @@ products, a LoRA layer with its adapter, the modern block's layers as they train
 ``GPT.forward(idx, kv_cache)`` has the same shape; ``tformer.decoding.generate``,
 ``speculative`` and the benchmarks call it.
 
-One new token a sequence takes each layer's row path where the layer has one (TinyGPT's default
-block: ``PreNormBlock.rows``; LN_f and the head), a choice made beneath the layers
-(``tformer.fast.decode``): the same NumPy calls on the same arrays in a fraction of the Python
-calls (the chapter "Performance" counts both), tests/decoding/test_decode.py holding it bit for bit equal
-to the general path. ``new_caches(model, B, lean=False)`` keeps every step on the general path.
+One new token a sequence, in eval mode, goes through the layers' row paths where a block has them
+(TinyGPT's default block: ``PreNormBlock.rows``, each layer by its own ``rows``; then LN_f and
+the head), a choice made inside the block's ``forward`` and the model's, with the row functions
+of ``tformer.fast.decode``: the same NumPy calls on the same arrays in a fraction of the Python
+calls (the chapter "Performance" counts both), tests/decoding/test_decode.py holding it bit for
+bit equal to the general path. ``new_caches(model, B, lean=False)`` keeps every step on the
+general path.
 
 A model decodes with a cache when it has ``forward(tokens, kv_cache)``, ``blocks`` whose
 attention layers make caches (``new_cache``) and ``max_len`` (TinyGPT, with every option of the

@@ -118,8 +118,9 @@ class TinyGPT(Module):
         holding the s positions seen so far (s = 0 without one); ``tokens`` are the T positions
         after them, and each attention layer reads the earlier keys and values from its cache and
         appends the new ones, keeping nothing for a backward pass. One new position a sequence
-        (T = 1) goes through each layer's row path where the cache allows it and no kernel would
-        split the step (``tformer.fast.decode``): the same bits in fewer Python calls.
+        (T = 1, eval mode) goes through the row paths (``rows``: each block's, then LN_f's and
+        the head's) where the cache allows it and no kernel would split the step
+        (``tformer.fast.decode.no_split``): the same bits in fewer Python calls.
 
         ``tokens`` must be an integer array (B, T) with B ≥ 1, T ≥ 1, s + T ≤ max_len and ids in
         [0, V), else ValueError or TypeError naming ``tokens`` (an empty batch has nothing to

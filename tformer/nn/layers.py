@@ -28,13 +28,14 @@ class Module:
     """Base class: parameters, gradients, children, train/eval mode, state dicts.
 
     The seams a strategy (recomputation, the batch cut, precision, freezing, LoRA, int8, decoding)
-    uses, and the only ones: ``modules()`` / ``named_modules()`` (the tree, walked once and kept
-    until it changes), ``replace(path, new)`` (swap a layer; ``named_layers(*types)`` finds
-    them), ``bind(attr, array)`` (what a parameter attribute points at),
-    ``share_parameters(source)`` (a replica), ``flat_layout()`` (where each parameter lives in
-    the flat buffers; ``frozen_mask()`` the frozen places), ``is_frozen(key)`` (read by a
-    layer's backward), and what a layer's forward keeps for its backward, declared by its class
-    in ``saved`` and reached through ``saved_values()``, ``keep(**values)`` and ``clear_saved()``.
+    uses in place of a layer's private fields: ``modules()`` / ``named_modules()`` (the tree,
+    walked once and kept until it changes), ``replace(path, new)`` (swap a layer;
+    ``named_layers(*types)`` finds them), ``param_attributes()`` and ``bind(attr, array)`` (what
+    a parameter attribute points at), ``share_parameters(source)`` (a replica), ``flat_layout()``
+    (where each parameter lives in the flat buffers; ``frozen_mask()`` the frozen places),
+    ``freeze(*keys)`` / ``unfreeze(*keys)`` and ``is_frozen(key)`` (the choice a layer's backward
+    reads), and what a layer's forward keeps for its backward, declared by its class in ``saved``
+    and reached through ``saved_values()``, ``keep(**values)`` and ``clear_saved()``.
     """
 
     #: The attributes ``forward`` keeps for ``backward`` (each layer class declares its own).

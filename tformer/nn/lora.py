@@ -149,8 +149,7 @@ def apply_lora(model, r, alpha=None, targets=("attn",), seed=0):
     merged model frozen, as peft's ``merge_and_unload`` leaves ``requires_grad`` off).
 
     The model's parameters are gathered into one flat buffer again (the base weights keep their
-    bits), so that the batch is still cut across threads (``tformer.training.batch_threads``); the one-token
-    fast path of decoding (which reads W directly) is turned off until ``merge_lora``.
+    bits), so that the batch is still cut across threads (``tformer.training.batch_threads``).
     """
     r = check_rank(r)
     alpha = float(r) if alpha is None else check_alpha(alpha)
