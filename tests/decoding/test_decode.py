@@ -207,7 +207,7 @@ def _calls_per_token(lean, n_new=8):
 
 
 def test_the_row_paths_make_no_more_calls_than_the_copy_of_the_block(threads):
-    """The lean path exists for speed: chosen beneath the layers, it may not cost more Python
+    """The lean path exists for speed: chosen in the block's forward, it may not cost more Python
     calls per token than the separate copy of the block did; the general path costs ~4×."""
     threads(1)
     lean, general = _calls_per_token(True), _calls_per_token(False)

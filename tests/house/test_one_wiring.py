@@ -11,7 +11,7 @@ Counted by reading the source:
   a block's norms (``obj.ln1`` / ``obj.ln2``, ``obj`` not ``self``): none. Before,
   ``fast.decode.block_step`` (the one-token step, a second copy of the block) and
   ``kv_cache._lean_blocks`` (its many-condition check). The one-token step is now each layer's
-  row path (``rows``), chosen inside the layer's forward.
+  row path (``rows``), chosen in the block's and the model's forward.
 
 The counts are printed; a planted second wiring (the old ``Decoder.__call__``) and a planted copy
 of the block fail the checks.
