@@ -494,6 +494,23 @@ def test_cosine_with_warmup_endpoints_and_shape():
         cosine_with_warmup(5, max_lr, 10, 10)
 
 
+def test_trapezoid_rises_holds_and_falls_to_zero():
+    from tformer.training.schedules import trapezoid
+    max_lr, warmup, total, cooldown = 0.02, 10, 100, 40
+    f = lambda s: trapezoid(s, max_lr, warmup, total, cooldown)  # noqa: E731
+    assert f(0) == 0.0 and f(5) == pytest.approx(max_lr / 2, rel=1e-12)
+    assert f(warmup) == f(total - cooldown) == max_lr
+    assert f(total - cooldown // 2) == pytest.approx(max_lr / 2, rel=1e-12)
+    assert f(total) == 0.0 and f(total + 7) == 0.0
+    down = [f(s) for s in range(total - cooldown, total + 1)]
+    assert np.allclose(np.diff(down), -max_lr / cooldown, rtol=1e-9, atol=0)   # a straight line
+    assert trapezoid(1, 1.0, 0, 10, 10) == pytest.approx(0.9)          # no warm-up: from the peak
+    for bad, match in (((5, 1.0, 10, 15, 6), "warmup \\+ cooldown"), ((5, -1.0, 0, 9, 3), "max_lr"),
+                       ((5, 1.0, 0, 9, 0), "cooldown"), ((1.5, 1.0, 0, 9, 3), "step")):
+        with pytest.raises((ValueError, TypeError), match=match):
+            trapezoid(*bad)
+
+
 def test_lr_scheduler_sets_each_steps_lr_in_either_call_order():
     fn = lambda s: noam_lr(s, 16, 4)  # noqa: E731
     seen = {}

@@ -8,12 +8,15 @@ run needs nothing but the step counter to continue its schedule.
   ``min(step**-0.5, step * warmup**-1.5)``, times ``d_model**-0.5`` as in the original paper.
 - :func:`cosine_with_warmup` is linear warmup to ``max_lr`` followed by half a cosine down to
   ``min_lr``.
+- :func:`trapezoid` is linear warmup, a constant rate, and a linear cool-down to 0 over the last
+  ``cooldown`` steps (modded-nanogpt's and nanochat's shape; ``cooldown = total − warmup`` is a
+  straight line from the peak to 0).
 - :class:`LRScheduler` sets ``opt.lr`` from any such function before each step.
 """
 
 import math
 
-__all__ = ["noam_lr", "cosine_with_warmup", "LRScheduler"]
+__all__ = ["noam_lr", "cosine_with_warmup", "trapezoid", "LRScheduler"]
 
 
 def _check_int(name, value, minimum):
@@ -77,6 +80,37 @@ def cosine_with_warmup(step, max_lr, warmup, total, min_lr=0.0):
         return min_lr
     progress = (step - warmup) / (total - warmup)  # in [0, 1)
     return min_lr + 0.5 * (max_lr - min_lr) * (1.0 + math.cos(math.pi * progress))
+
+
+def trapezoid(step, max_lr, warmup, total, cooldown):
+    r"""Linear warmup, constant, then a linear cool-down to zero::
+
+        lr(s) = max_lr · s / warmup                           for 0 <= s < warmup
+        lr(s) = max_lr                                        for warmup <= s <= total − cooldown
+        lr(s) = max_lr · (total − s) / cooldown               for total − cooldown < s <= total
+        lr(s) = 0                                             for s > total
+
+    so lr(total) = 0: the last step is taken at max_lr / cooldown. With ``warmup == 0`` there is
+    no ramp; ``cooldown == total − warmup`` decays straight from the peak.
+
+    step: int >= 0; max_lr >= 0; warmup >= 0, cooldown >= 1 (ints), warmup + cooldown <= total.
+    Called with the 1-based step about to be taken, as :func:`cosine_with_warmup`.
+    """
+    step = _check_int("step", step, 0)
+    warmup = _check_int("warmup", warmup, 0)
+    total = _check_int("total", total, 1)
+    cooldown = _check_int("cooldown", cooldown, 1)
+    if warmup + cooldown > total:
+        raise ValueError(f"warmup + cooldown must be <= total, got warmup={warmup}, "
+                         f"cooldown={cooldown}, total={total}")
+    max_lr = float(max_lr)
+    if not (math.isfinite(max_lr) and max_lr >= 0.0):
+        raise ValueError(f"max_lr must be finite and >= 0, got {max_lr}")
+    if step < warmup:
+        return max_lr * step / warmup
+    if step >= total:
+        return 0.0
+    return max_lr * min(1.0, (total - step) / cooldown)
 
 
 class LRScheduler:
