@@ -281,3 +281,40 @@ def scansion(line):
 def scans(line):
     """True when ``line`` scans as iambic pentameter by the module's rule and licences."""
     return scansion(line) is not None
+
+
+def _spans(options, metre):
+    """Every way the words fill ``metre`` by ``_fit``'s test: tuples of ``(start, stop)``
+    syllable positions per word (0-based, stop excluded), ending at 10 or 11."""
+    strong = sum(1 << i for i, m in enumerate(metre) if m == "/")
+    memo = {}
+
+    def walk(i, at):                                      # the ways words i.. fill from ``at``
+        if i == len(options):
+            return ((),) if at in (10, 11) else ()
+        if (i, at) not in memo:
+            ns = dict.fromkeys(n for n, must_strong, must_weak in options[i]
+                               if at + n <= 11 and not (must_strong << at) & ~strong
+                               and not (must_weak << at) & strong)
+            memo[i, at] = tuple(((at, at + n),) + rest for n in ns for rest in walk(i + 1, at + n))
+        return memo[i, at]
+
+    return walk(0, 0)
+
+
+def scansions(line):
+    """Every way ``line`` fits the module's rule: a tuple of ``(marks, spans)``, empty exactly
+    when ``scans(line)`` is False.
+
+    ``marks`` is the metre as ``scansion`` writes it ("x/x/x/x/x/", "/xx/x/x/x/x"); ``spans`` has
+    one ``(start, stop)`` per word of ``words(line)``, the 0-based positions of its syllables in
+    ``marks`` (stop excluded; ``start == stop`` for ``th'``, which has none). A word with several
+    pronunciations of one length is one span; the regular line's ways come first. So word ``i``
+    stands on a strong position in a way when ``marks[start] == "/"`` for a word of one syllable.
+    """
+    found = _line_words(line)
+    options = [_options(w) for w in found] if found else []
+    if not options or not all(options):
+        return ()
+    return tuple(((metre + "x")[:spans[-1][1]], spans)
+                 for metre in _METRES for spans in _spans(options, metre))
