@@ -46,3 +46,28 @@ def test_36_3_update_rms_of_the_mlp_matrices():
         assert abs(rms - 1 / np.sqrt(4 * C)) < 1e-12
         assert abs(adjust_lr(1.0, "original", shape) * rms - orig) < 1e-12
         assert abs(adjust_lr(1.0, "match_rms_adamw", shape) * rms - 0.2) < 1e-12
+
+
+def test_36_4_muon_pays_when_it_saves_more_steps_than_a_step_costs():
+    import json
+    from pathlib import Path
+    sr = json.loads((Path(__file__).resolve().parents[2] / "book/data/speedrun.json").read_text())
+    breakeven = sr["tau"]["recipe"]["median"] / sr["tau"]["muon"]["median"]
+    muon = next(e for e in sr["table"] if e["name"] == "muon")
+    used = np.mean(muon["reached"]) / sr["base_steps"]
+    assert 0 < used < breakeven < 1
+    # the time of a stage is its steps times its τ: lower exactly when used < breakeven
+    assert np.isclose(muon["time"][0] / (sr["base_steps"] * sr["tau"]["recipe"]["median"]),
+                      used / breakeven, rtol=1e-12)
+
+
+def test_36_5_newton_schulz_costs_two_thirds_of_a_recipe_step():
+    m, n = sp.symbols("m n", positive=True)
+    # XXᵀ (m×n times n×m), A² (m×m times m×m), BX (m×m times m×n): 2 flops per multiply-add
+    per_step = 2 * m * n * m + 2 * m * m * m + 2 * m * m * n
+    assert sp.expand(per_step - (4 * m**2 * n + 2 * m**3)) == 0
+    f = lambda a, b: 4 * a * a * b + 2 * a**3  # noqa: E731
+    ns = 4 * 5 * (f(128, 384) + f(128, 128) + 2 * f(128, 512))
+    N = 4 * (128 * 384 + 128 * 128 + 2 * 128 * 512)
+    share = ns / (6 * N * 12 * 64)
+    assert abs(share - 2 / 3) < 0.05 and abs(ns / 1e9 - 2.3488) < 1e-4

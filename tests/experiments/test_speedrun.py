@@ -62,6 +62,10 @@ def test_welch_and_the_verdict():
     assert S.welch_less([1, 1, 1], [2, 2, 2]) == 0.0 and S.welch_less([2, 2, 2], [1, 1, 1]) == 1.0
     p = S.welch_less([10.0, 11.0, 12.0], [20.0, 21.0, 23.0])
     assert 0 < p < 0.01
+    # against a constant: the one-sample t, t = (11 − 12)/(1/√3), 2 degrees of freedom
+    from scipy import stats
+    assert S.welch_less([10.0, 11.0, 12.0], [12.0] * 3) == pytest.approx(
+        stats.t.cdf(-np.sqrt(3), 2), rel=1e-12)
     inc = S.score({"reached": [100, 100, 100], "kept": True}, 1.0)
     assert inc["times"] == [100.0] * 3
     faster = S.score({"reached": [60, 70, 80], "kept": False}, 1.0, inc)
