@@ -105,7 +105,7 @@ SYSTEMS = {
                         "1", "--steps", "2"],
 }
 DRY = ["many-processes", "fewer-bits", "online-softmax", "ablate", "memory", "shakespeare", "lora",
-       "scaling-sweep", "long-run", "decoding", "preference", "bench", "speedrun"]
+       "scaling-sweep", "long-run", "decoding", "preference", "bench", "rl", "speedrun"]
 # Flags of those commands whose value is text, not a path.
 NOT_PATHS = {"--lora-targets", "--lengths", "--sizes", "--gen-batches", "--worker"}
 

@@ -1,4 +1,4 @@
-"""``python -m tformer run <system> [flags]``, ``generate``, ``many-processes``, ``quantize``, ``fewer-bits``, ``online-softmax``, ``ablate``, ``memory``, ``shakespeare``, ``bpe-compare``, ``lora``, ``speedrun``.
+"""``python -m tformer run <system> [flags]``, ``generate``, ``many-processes``, ``quantize``, ``fewer-bits``, ``online-softmax``, ``ablate``, ``memory``, ``shakespeare``, ``bpe-compare``, ``lora``, ``rl``, ``speedrun``.
 
 Every command is one entry of ``RUNS`` (``run SYSTEM``) or ``COMMANDS`` below, registered the same
 way: its module's ``add_arguments(parser)``, ``files(args)`` (every file it reads and writes,
@@ -65,6 +65,8 @@ COMMANDS = {
     "preference": ("tformer.experiments.preference", "DPO teaches the long run's model to write lines that "
                    "scan as iambic pentameter, against best-of-n and fine-tuning on the chosen lines "
                    "(writes a JSON file)"),
+    "rl": ("tformer.experiments.rl", "GRPO learns from the judge directly: the long run's model against "
+           "DPO and best-of-n at matched KL, under the judge and a stricter one (writes a JSON file)"),
     "speedrun": ("tformer.experiments.speedrun", "how fast TinyGPT reaches the Shakespeare recipe's "
                  "loss on two cores: the recipe, then one change at a time, Muon first (writes a JSON file)"),
     "bench": ("tformer.bench.run", "training and generation against PyTorch (writes a JSON file)"),

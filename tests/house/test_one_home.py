@@ -40,9 +40,6 @@ ALLOWED = {
     ("experiments/scaling_fit.py", "fit"): "the fit runs on ln N, ln D, ln L of measured runs",
     ("experiments/scaling_fit.py", "constants"): "the fitted constants back from their logs",
     ("experiments/scaling_fit.py", "isoflop_minimum"): "a parabola in ln N, its minimum back",
-    ("tuning/grpo.py", "grpo_forward"): "GRPO's importance ratio ρ = e^{log π − log π_old} and KL "
-                                        "estimator k3 = e^u − u − 1, not a softmax (their homes in "
-                                        "kernels/ and fast/ come with the GRPO chapter, issue 55)",
 }
 
 

@@ -159,3 +159,71 @@ def test_kl_divergence_is_zero_on_itself_and_positive_otherwise():
     np.testing.assert_allclose(kl, want, rtol=1e-12, atol=0)
     assert kl.shape == z.shape[:2] and (kl[0] > 0).all()   # rows 0 and 2 differ; row 1 is itself
     np.testing.assert_allclose(fast.kl_divergence(lp, lp), 0, atol=1e-15)
+
+
+# --- GRPO's importance ratio and k3, best-of-n's KL of two yes/no distributions ------------------------
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_importance_ratio_per_token_and_per_response(dtype):
+    z, y, m = _sequences(dtype)
+    rng = np.random.default_rng(7)
+    logp = np.where(m, fast.token_logp(fast.log_softmax(z), y), 0).astype(dtype)
+    old = np.where(m, logp + 0.3 * rng.standard_normal(m.shape), 0).astype(dtype)
+    rho = fast.importance_ratio(logp, old)
+    assert rho.shape == m.shape and rho.dtype == np.dtype(dtype)
+    np.testing.assert_allclose(rho, np.exp(logp.astype(np.float64) - old), rtol=10 * TOL[dtype])
+    assert (rho[~m] == 1).all()                             # 0 − 0 off the mask
+    seq = fast.importance_ratio(logp, old, m)                # GSPO: the mean log-ratio per response
+    want = [np.exp(np.mean([float(logp[b, t]) - float(old[b, t]) for t in range(m.shape[1]) if m[b, t]]))
+            for b in range(m.shape[0])]
+    assert seq.shape == (m.shape[0], 1)
+    np.testing.assert_allclose(seq[:, 0], want, rtol=10 * TOL[dtype])
+    assert fast.importance_ratio is kern.importance_ratio    # nothing to make faster
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_fast_k3_equals_the_kernel_and_is_exact_near_zero_where_the_kernel_is_not(dtype):
+    rng = np.random.default_rng(8)
+    logp = -rng.random(200).astype(dtype) * 5
+    ref = (logp + rng.standard_normal(200) * 2).astype(dtype)
+    (k, dk), (k_k, dk_k) = fast.k3(logp, ref), kern.k3(logp, ref)
+    assert k.dtype == dk.dtype == np.dtype(dtype) and (k >= 0).all()
+    scale = np.maximum(1, np.abs(ref - logp).astype(np.float64))         # e^u − u − 1 of numbers ~ |u|, e^u
+    assert (np.abs(k - k_k) <= 10 * TOL[dtype] * np.maximum(scale, np.exp(ref - logp))).all()
+    assert_equal_to_kernel(dk, dk_k, dtype)
+    # ∂k3/∂log π by central differences (float64)
+    l64, r64, h = logp.astype(np.float64), ref.astype(np.float64), 1e-6
+    num = (fast.k3(l64 + h, r64)[0] - fast.k3(l64 - h, r64)[0]) / (2 * h)
+    np.testing.assert_allclose(num, fast.k3(l64, r64)[1], rtol=1e-6, atol=1e-8)
+    # near u = 0, k3 = u²/2 + u³/6 + u⁴/24 …: the derivative −(e^u − 1) is expm1's, exact to rounding,
+    # where the kernel's 1 − e^u keeps ε/|u| relative; k3 = expm1(u) − u keeps ~ε/|u| relative,
+    # the kernel's e^u − u − 1 only ε/u²
+    u = np.array([1e-3, -1e-4, 3e-6, -1e-7], dtype)
+    u64, eps = u.astype(np.float64), np.finfo(dtype).eps
+    k_fast, dk_fast = fast.k3(np.zeros_like(u), u)
+    k_kern, dk_kern = kern.k3(np.zeros_like(u), u)
+    series = u64 ** 2 / 2 + u64 ** 3 / 6 + u64 ** 4 / 24 + u64 ** 5 / 120
+    np.testing.assert_allclose(dk_fast, -(u64 + series), rtol=2 * eps)
+    assert (np.abs(k_fast - series) <= 4 * eps / np.abs(u64) * series).all()
+    assert (np.abs(k_kern - series) <= 4 * eps).all()                   # only absolutely
+    rel = np.abs(k_kern - series) / series
+    assert (rel[:2] > 10 * np.abs(k_fast - series)[:2] / series[:2]).all()      # |u| ≥ 1e-4
+
+
+def test_bernoulli_kl_is_the_kl_of_two_yes_no_distributions():
+    q = np.array([0.0, 1.0, 0.3, 0.9, 0.5, 0.0, 1.0])
+    p = np.array([0.2, 0.7, 0.3, 0.5, 0.0, 0.0, 1.0])
+    kl = fast.bernoulli_kl(q, p)
+    want = [np.log(1 / 0.8), np.log(1 / 0.7), 0.0, 0.9 * np.log(0.9 / 0.5) + 0.1 * np.log(0.1 / 0.5),
+            np.inf, 0.0, 0.0]
+    np.testing.assert_allclose(kl, want, rtol=1e-14)
+    z, _, _ = _sequences(np.float64)                           # the general KL on two outcomes
+    lp = fast.log_softmax(np.stack([np.log(q[2:4]), np.log1p(-q[2:4])], -1))
+    lq = fast.log_softmax(np.stack([np.log(p[2:4]), np.log1p(-p[2:4])], -1))
+    np.testing.assert_allclose(kl[2:4], fast.kl_divergence(lp, lq), rtol=1e-12, atol=1e-15)
+    # best-of-n with a yes/no judge: q = 1 − (1 − p)^n, below the bound log n − (n − 1)/n of a judge
+    # that ranks every line, and 0 where every line or none says yes
+    pp = np.array([1e-9, 1e-3, 0.1, 0.5, 1 - 1e-9])
+    for n in (2, 4, 8):
+        b = fast.bernoulli_kl(1 - (1 - pp) ** n, pp)
+        assert (b < np.log(n) - (n - 1) / n).all() and b[0] < 1e-8 and b[-1] < 1e-8 and (b[1:4] > 0).all()

@@ -27,8 +27,8 @@ import time
 from tformer.core.atomic import write_json
 from tformer.core.rss import reset_peak, status_bytes
 from tformer.core.provenance import record
-from tformer.runs.flag_groups import (Flag, add_data_flags, add_output_flags, add_timing_flags,
-                                      add_training_flags)
+from tformer.runs.flag_groups import (Flag, add_data_flags, add_experiment_flags, add_output_flags,
+                                      add_timing_flags, add_training_flags)
 from tformer.runs.flags import nonnegative_int, positive_int
 from tformer.experiments.fresh import run_fresh
 
@@ -45,8 +45,8 @@ def add_arguments(p):
                      parts=Flag(["memory", "overhead", "batching", "grad_norms"],
                                 "what to measure"))
     add_timing_flags(p, reps=Flag(3, "timed training steps per configuration"))
-    p.add_argument("--quick", action="store_true",
-                   help="a few small configurations only (a smoke test, not the book's numbers)")
+    add_experiment_flags(p, quick=Flag(False, "a few small configurations only (a smoke test, "
+                                              "not the book's numbers)"))
     p.add_argument("--batching-steps", type=positive_int, default=1500,
                    help="training steps of each run of the batching comparison")
     p.add_argument("--batching-lengths", type=positive_int, nargs=2, default=[1, 32], metavar=("MIN", "MAX"),

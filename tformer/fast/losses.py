@@ -13,14 +13,18 @@ Non-finite logits raise FloatingPointError.
 sums, not BLAS's), so DPO's and beam search's log-probabilities are the kernel's to the bit; it
 makes fewer arrays. ``token_logp_backward`` makes no one-hot array (at the target it adds w to
 −w p, where the kernel multiplies p − 1 by −w: equal within rounding). ``token_logp``,
-``sequence_logp``, ``logistic_loss`` and ``kl_divergence`` are the kernels themselves.
+``sequence_logp``, ``logistic_loss``, ``kl_divergence``, GRPO's ``importance_ratio`` and
+``bernoulli_kl`` are the kernels themselves. ``k3`` takes e^u − 1 as one ``expm1`` where the kernel
+subtracts 1 from e^u: near u = 0 the kernel's k3 ≈ u²/2 and 1 − e^u are differences of numbers
+near 1.
 """
 import numpy as np
 
 from tformer.core import parallel
 from tformer.core.dtypes import is_low
 # The kernels themselves (a gather, a masked sum, B numbers, a product): nothing to make faster.
-from tformer.kernels.losses import kl_divergence, logistic_loss, sequence_logp, token_logp  # noqa: F401
+from tformer.kernels.losses import (bernoulli_kl, importance_ratio, kl_divergence,  # noqa: F401
+                                    logistic_loss, sequence_logp, token_logp)
 
 
 def mse_loss(y, target, reduction="mean"):
@@ -154,3 +158,15 @@ def sequence_logp_backward(g, logp, targets, mask, out=None):
     w_t = g_b m_t. Shapes: ``g: (B,)``, ``logp: (B, T, V)``, ``targets, mask: (B, T)`` -> ``(B, T, V)``.
     """
     return token_logp_backward(g[:, None] * mask, logp, targets, out)
+
+
+def k3(logp, logp_ref):
+    """k3 = e^u − u − 1 and ∂k3/∂log π = 1 − e^u, u = log π_ref − log π (``kernels.losses.k3``),
+    with e^u − 1 as one ``np.expm1``. Near u = 0 the derivative −(e^u − 1) is then exact to rounding
+    (the kernel's 1 − e^u has a relative error ~ε/|u|), and k3 ≈ u²/2 has a relative error ~ε/|u|
+    (the kernel's e^u − u − 1, ~ε/u²).
+    Shapes: ``logp, logp_ref: (...)`` the same  ->  ``(k3: (...), dk3: (...))``.
+    """
+    u = logp_ref - logp
+    em1 = np.expm1(u)                                                       # e^u − 1
+    return em1 - u, -em1

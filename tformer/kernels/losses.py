@@ -1,5 +1,6 @@
 """Losses, each returning the loss and its gradient with respect to the prediction, and the pieces
-of a sequence's log-probability (DPO, beam search, the decoding and preference measurements)."""
+of a sequence's log-probability (DPO, beam search, the decoding and preference measurements);
+GRPO's importance ratio and KL estimator k3, and the KL of two yes/no distributions (best-of-n)."""
 import numpy as np
 
 
@@ -125,3 +126,51 @@ def kl_divergence(logp, logq):
     Shapes: ``logp, logq: (..., V)`` log-probabilities (``log_softmax``)  ->  ``(...)``.
     """
     return (np.exp(logp) * (logp - logq)).sum(axis=-1)
+
+
+def importance_ratio(logp, logp_old, mask=None):
+    """ρ = e^{log π − log π_old}: how much more likely the policy makes a sampled token than the
+    policy that sampled it (GRPO's and PPO's importance ratio, ``tformer.tuning.grpo``).
+
+    ``mask=None``: one ratio per token, ρ_{i,t} = e^{log π(y_{i,t}) − log π_old(y_{i,t})}.
+    With ``mask`` (N, T): one ratio per response (GSPO's sequence level), from the mean log-ratio
+    over its tokens, ρ_i = e^{(1/|o_i|) Σ_t m_{i,t} (log π(y_{i,t}) − log π_old(y_{i,t}))},
+    |o_i| = Σ_t m_{i,t}. ∂ρ/∂log π_t = ρ (token), ρ_i m_t / |o_i| (sequence).
+    Shapes: ``logp, logp_old: (N, T)``  ->  ``(N, T)``, or ``(N, 1)`` with ``mask: (N, T)`` bool.
+    """
+    log_ratio = logp - logp_old
+    if mask is not None:
+        log_ratio = (np.where(mask, log_ratio, 0).sum(axis=1) / mask.sum(axis=1))[:, None]
+    return np.exp(log_ratio)
+
+
+def k3(logp, logp_ref):
+    """Schulman's k3 estimator of KL(π ‖ π_ref) at each sampled token, and its derivative:
+
+        u = log π_ref(y) − log π(y),   k3 = e^u − u − 1 ≥ 0,   ∂k3/∂log π(y) = 1 − e^u.
+
+    Unbiased: for y ~ π, E[e^u] = Σ_y π_ref(y) = 1 and E[−u] = KL(π ‖ π_ref), so E[k3] = KL; never
+    negative, since e^u ≥ 1 + u. Written here as derived, e^u − u − 1 (``tformer.fast.losses.k3``
+    takes e^u − 1 as one ``expm1``: near u = 0, e^u − u − 1 and 1 − e^u are differences of numbers
+    near 1, which lose the digits of k3 ≈ u²/2 and of 1 − e^u ≈ −u).
+    Shapes: ``logp, logp_ref: (...)`` the same  ->  ``(k3: (...), dk3: (...))``.
+    """
+    u = logp_ref - logp
+    e = np.exp(u)
+    return e - u - 1, 1 - e
+
+
+def bernoulli_kl(q, p):
+    """KL(Bernoulli(q) ‖ Bernoulli(p)) = q log(q/p) + (1 − q) log((1 − q)/(1 − p)), with 0 log 0 = 0.
+
+    The KL of best-of-n against its sampler for a yes/no judge (``tformer.experiments.rl``): the
+    line chosen is a draw of π given its verdict, so the two distributions differ only in the
+    chance q of a yes against π's p. q > 0 where p = 0 (or q < 1 where p = 1) is +inf.
+    Shapes: ``q, p: (...)`` in [0, 1], broadcast together  ->  ``(...)``.
+    """
+    q, p = np.asarray(q, dtype=np.float64), np.asarray(p, dtype=np.float64)
+
+    def term(a, b):                                       # a log(a/b), 0 where a = 0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(a > 0, a * np.log(np.where(a > 0, a, 1) / b), 0.0)
+    return term(q, p) + term(1 - q, 1 - p)

@@ -227,3 +227,10 @@ def add_output_flags(p, *, out=ABSENT, parts=ABSENT, no_progress=ABSENT, no_torc
         p.add_argument("--no-progress", **_switch(no_progress, "no progress bar"))
     if no_torch is not ABSENT:
         p.add_argument("--no-torch", **_switch(no_torch, "skip the PyTorch side"))
+
+
+def add_experiment_flags(p, *, quick=ABSENT):
+    """How much of an experiment runs: ``--quick``, a smoke run of every part at small sizes."""
+    if quick is not ABSENT:
+        p.add_argument("--quick", **_switch(quick, "a smoke run: every part at small sizes "
+                                                   "(minutes; its numbers are not the chapter's)"))

@@ -64,7 +64,8 @@ and through log π(y_t) = log softmax(z_t)[y_t] to the logits,
 
     ∂L/∂z_t = g_t (onehot(y_t) − softmax(z_t)),   g_t = ∂L/∂log π(y_t)   (``token_logp_backward``),
 
-the log-softmax and this backward being the package's (``tformer.fast.losses``).
+the log-softmax and this backward being the package's (``tformer.fast.losses``), as are ρ
+(``importance_ratio``) and k3 with its derivative (``k3``).
 
 **Shapes.** ``logp, logp_old, logp_ref, mask: (N, T)``, N = B·G responses padded to T tokens (the
 values off the mask are ignored); ``advantages: (N,)``; ``rewards: (B, G)``; ``logits: (N, T, V)``.
@@ -170,21 +171,17 @@ def grpo_forward(logp, logp_old, logp_ref, mask, advantages, *, loss_type="grpo"
     eps_high = eps_low if eps_high is None else eps_high
     N, T = logp.shape
     n = mask.sum(axis=1)                                                     # |o_i|
-    log_ratio = logp - logp_old
-    if level == "sequence":
-        log_ratio = (log_ratio.sum(axis=1) / n)[:, None]                     # (N, 1), 0 off the mask
-    rho = np.exp(log_ratio)
+    rho = fast.importance_ratio(logp, logp_old, mask if level == "sequence" else None)  # (N, T|1)
     A = advantages[:, None]
     clipped = ((A > 0) & (rho > 1 + eps_high)) | ((A < 0) & (rho < 1 - eps_low))
     ell = -np.minimum(rho * A, np.clip(rho, 1 - eps_low, 1 + eps_high) * A)  # −s
     d = -np.where(clipped, 0, rho * A)                                       # ∂(−s)/∂log π_t
     kl = None
     if logp_ref is not None:
-        u = logp_ref - logp
-        em1 = np.expm1(u)                                                    # e^u − 1
-        kl = np.where(mask, em1 - u, 0)                                      # k3
+        k3, dk3 = fast.k3(logp, logp_ref)                                    # e^u − u − 1, 1 − e^u
+        kl = np.where(mask, k3, 0)
         if beta > 0:
-            ell, d = ell + beta * kl, d - beta * em1                         # ∂k3/∂log π_t = 1 − e^u
+            ell, d = ell + beta * kl, d + beta * dk3
     den = {"grpo": N * n, "bnpo": n.sum(), "dr_grpo": N * (T if max_len is None else max_len),
            "dapo": n.sum() if num_items is None else num_items, "luspo": N}[loss_type]
     w = np.broadcast_to(1 / np.asarray(den, np.float64), (N,)).astype(logp.dtype)   # w_i

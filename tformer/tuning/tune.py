@@ -137,18 +137,26 @@ def objective(model, pairs, loss, beta, rows=32):
     return float(sum(v * n for v, n in values) / len(pairs))
 
 
+def tuned_copy(base, lr, seed, lora=None):
+    """``(model, params, optimizer)`` of a tuning run: a copy of ``base`` in training mode, what
+    is trained (the whole model, or with ``lora = {"r", "alpha", "targets"}`` its adapters alone,
+    ``Adapters``), and AdamW on it (β = (0.9, 0.95), no weight decay: the pull toward the
+    reference is the method's own, DPO's β or GRPO's KL term)."""
+    model = copy.deepcopy(base).train()
+    params = model
+    if lora is not None:
+        apply_lora(model, lora["r"], lora.get("alpha"), lora["targets"], seed=seed)
+        params = Adapters(model)
+    return model, params, AdamW(params, lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+
+
 def tune(base, pairs, loss, lr, steps, seed, beta=0.1, lora=None, batch_pairs=16, **train_kwargs):
     """A copy of ``base`` tuned on ``pairs`` by ``loss`` (``"dpo"`` or ``"sft"``) for ``steps``
     steps at peak rate ``lr``: ``(model, hist)``. ``lora``: ``{"r", "alpha", "targets"}`` trains
     adapters alone (the model returned keeps them unmerged; ``merge_lora`` merges them). For DPO
     ``pairs`` must hold the reference's log-probabilities. ``train_kwargs`` go to ``train``
     (checkpoints, progress bar)."""
-    model = copy.deepcopy(base).train()
-    params = model
-    if lora is not None:
-        apply_lora(model, lora["r"], lora.get("alpha"), lora["targets"], seed=seed)
-        params = Adapters(model)
-    opt = AdamW(params, lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+    model, params, opt = tuned_copy(base, lr, seed, lora)
     batches = order(len(pairs), steps, batch_pairs, seed)
     warmup = min(max(1, steps // 10), steps - 1)      # one step: no warm-up
     def schedule(step):
