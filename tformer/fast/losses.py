@@ -163,7 +163,7 @@ def sequence_logp_backward(g, logp, targets, mask, out=None):
 def k3(logp, logp_ref):
     """k3 = e^u − u − 1 and ∂k3/∂log π = 1 − e^u, u = log π_ref − log π (``kernels.losses.k3``),
     with e^u − 1 as one ``np.expm1``. Near u = 0 the derivative −(e^u − 1) is then exact to rounding
-    (the kernel's 1 − e^u has a relative error ~ε/|u|), and k3 ≈ u²/2 has a relative error ~ε/|u|
+    (the kernel's 1 − e^u has a relative error ~ε/abs(u)), and k3 ≈ u²/2 has a relative error ~ε/abs(u)
     (the kernel's e^u − u − 1, ~ε/u²).
     Shapes: ``logp, logp_ref: (...)`` the same  ->  ``(k3: (...), dk3: (...))``.
     """

@@ -134,8 +134,8 @@ def importance_ratio(logp, logp_old, mask=None):
 
     ``mask=None``: one ratio per token, ρ_{i,t} = e^{log π(y_{i,t}) − log π_old(y_{i,t})}.
     With ``mask`` (N, T): one ratio per response (GSPO's sequence level), from the mean log-ratio
-    over its tokens, ρ_i = e^{(1/|o_i|) Σ_t m_{i,t} (log π(y_{i,t}) − log π_old(y_{i,t}))},
-    |o_i| = Σ_t m_{i,t}. ∂ρ/∂log π_t = ρ (token), ρ_i m_t / |o_i| (sequence).
+    over its tokens, ρ_i = e^{(1/n_i) Σ_t m_{i,t} (log π(y_{i,t}) − log π_old(y_{i,t}))},
+    n_i = Σ_t m_{i,t} its length. ∂ρ/∂log π_t = ρ (token), ρ_i m_t / n_i (sequence).
     Shapes: ``logp, logp_old: (N, T)``  ->  ``(N, T)``, or ``(N, 1)`` with ``mask: (N, T)`` bool.
     """
     log_ratio = logp - logp_old
