@@ -66,7 +66,8 @@ NEW = ["new.npz", "new2.npz", "out/new.json", "new.csv", "missing.npz", "corpus.
 # a symlink to nothing.
 SPECIAL = ["fifo", "link.npz", "dangling.json"]
 PATHS = FILES + NEW + SPECIAL + ["book/data/long_run_w8.npz", "book/data/long_run.json",
-                                 "book/data/long_run_tokenizer.json"]
+                                 "book/data/long_run_tokenizer.json", "book/data/preference.json",
+                                 "book/data/shakespeare.json"]
 NUMBERS = ["0", "-1", "1", "2", "3", "abc", "", "nan", "inf", "1.5", "-0.5", "1e-3"]
 HUGE = "1000000000000"
 # Flags whose huge values a command must refuse (a limit from the model, the corpus or the
@@ -125,6 +126,13 @@ def work(pristine, folder):
         json.dump({"plan": {"shape": [2, 8], "vocab_size": 256, "block_size": 8, "batch_size": 2,
                             "seed": 0, "lr": 1e-3, "steps": 2, "flops": 1.0},
                    "predicted_nats_per_char": 3.0, "predicted_interval": [2.5, 3.5]}, f)
+    # what ``rl`` and ``speedrun`` read before their work: DPO's chosen rates and KL, the recipe's
+    # loss (without them every drawn call of theirs stops at the same usage error)
+    dpo = {"lr": 1e-3, "kl_per_line": [1.0, 0.5, 1.5]}
+    with open(os.path.join(data, "preference.json"), "w") as f:
+        json.dump({"methods": {"dpo-lora": dpo, "dpo-full": dpo}}, f)
+    with open(os.path.join(data, "shakespeare.json"), "w") as f:
+        json.dump({"summary": {"val_nats_mean": 1.76}}, f)
     return folder
 
 

@@ -80,3 +80,13 @@ def test_the_caps_end_a_run_that_allocates_or_waits_too_long(tmp_path, monkeypat
     t0 = time.perf_counter()
     code, _, _ = cli_hostile.run(["generate"], str(tmp_path))
     assert isinstance(code, cli_hostile.Hang) and time.perf_counter() - t0 < 15
+
+
+@pytest.mark.parametrize("argv", [["rl", "--out", "new.json"], ["speedrun", "--out", "new.json"],
+                                  ["rl", "--out", "new.json", "--quick", "--steps", "2"]])
+def test_the_work_folder_lets_every_experiment_reach_its_main(pristine, tmp_path, argv):
+    """The files an experiment reads before its ``main`` are in each working folder, so that
+    the drawn calls get past ``check_args`` (a well-formed call ends in status 0 at the stub)."""
+    work = cli_hostile.work(pristine, str(tmp_path / "w"))
+    code, out, err = cli_hostile.run(argv, work, dry=True)
+    assert code == 0, (code, out, err)

@@ -32,7 +32,7 @@ def stand_in(monkeypatch):
     training prompts, toy judges (even length; a multiple of four, the strict one)."""
     from tformer.data.bpe import BPETokenizer
     from tformer.experiments import preference as PF
-    from tformer.experiments import rl
+    from tformer.experiments import rl, rl_judged
     from tformer.experiments.long_run import SHIPPED_TOKENIZER
     from tformer.models.tinygpt import TinyGPT
     monkeypatch.chdir(ROOT)                                  # the declared book/data files
@@ -45,7 +45,7 @@ def stand_in(monkeypatch):
     monkeypatch.setattr(PF, "PAIR_PROMPTS", 40)
     monkeypatch.setattr(PF, "scans", _even)                  # DPO's pairs and every lenient verdict
     monkeypatch.setattr(rl, "scans", _even)                  # GRPO's reward
-    monkeypatch.setattr(rl, "strict_judge", lambda: _four)
+    monkeypatch.setattr(rl_judged, "strict_judge", lambda: _four)
     return rl
 
 
@@ -159,30 +159,30 @@ def test_the_hostile_command_line_test_draws_it():
 
 
 def test_best_of_n_rate_is_unbiased_and_its_kl_is_the_binomial_s():
-    from tformer.experiments import rl
+    from tformer.experiments import rl_judged
     from tformer.fast.losses import bernoulli_kl
     m, n = 8, 4
     k = np.arange(m + 1)
     # the unbiased estimate: its mean over k ~ Bin(m, p) is 1 − (1 − p)^n, for any p
     for p in (0.05, 0.3, 0.9):
         pmf = np.array([math.comb(m, j) * p ** j * (1 - p) ** (m - j) for j in k])
-        assert pmf @ rl.pass_at(n, k, m) == pytest.approx(1 - (1 - p) ** n, abs=1e-12)
+        assert pmf @ rl_judged.pass_at(n, k, m) == pytest.approx(1 - (1 - p) ** n, abs=1e-12)
     # per prompt: q = 1 − (1 − p)^n, KL(q ‖ p), and 0 where every or no line scans
-    kl = rl.best_of_n_kl(k / m, n)
+    kl = rl_judged.best_of_n_kl(k / m, n)
     assert kl[0] == kl[-1] == 0 and (kl[1:-1] > 0).all()
     assert kl[3] == pytest.approx(float(bernoulli_kl(1 - (5 / 8) ** 4, 3 / 8)), rel=1e-14)
     # the plug-in's bias is the binomial expectation of f(k'/m) minus f(p̂)
-    bias = rl.plug_in_bias([0, 3, 8], m, n)
+    bias = rl_judged.plug_in_bias([0, 3, 8], m, n)
     p = 3 / 8
     pmf = np.array([math.comb(m, j) * p ** j * (1 - p) ** (m - j) for j in k])
     assert bias[0] == bias[2] == 0 and bias[1] == pytest.approx(pmf @ kl - kl[3], rel=1e-12)
     # the strict verdict of a lenient choice: all lenient lines strict -> the rate of a lenient pick
-    same = rl.strict_of_lenient([2, 0], [2, 0], [2, 0], 4, 2)
-    np.testing.assert_allclose(same, rl.pass_at(2, [2, 0], 4))
+    same = rl_judged.strict_of_lenient([2, 0], [2, 0], [2, 0], 4, 2)
+    np.testing.assert_allclose(same, rl_judged.pass_at(2, [2, 0], 4))
 
 
 def test_a_frontier_is_read_between_its_points_and_never_past_the_last():
-    from tformer.experiments import rl
-    assert rl.read_at([0, 2, 1], [0.2, 0.6, 0.4], 1.5) == pytest.approx(0.5)
-    assert math.isnan(rl.read_at([0, 1, 2], [0.2, 0.4, 0.6], 2.5))
-    assert rl.best_within([0, 3, 1, 2], [0.2, 0.9, 0.5, 0.4], 2.5) == 0.5
+    from tformer.experiments import rl_frontier
+    assert rl_frontier.read_at([0, 2, 1], [0.2, 0.6, 0.4], 1.5) == pytest.approx(0.5)
+    assert math.isnan(rl_frontier.read_at([0, 1, 2], [0.2, 0.4, 0.6], 2.5))
+    assert rl_frontier.best_within([0, 3, 1, 2], [0.2, 0.9, 0.5, 0.4], 2.5) == 0.5

@@ -50,6 +50,9 @@ seeds of each drawn apart). A difference whose interval is missing means GRPO's 
 reach that KL in some replicates (``reached`` says in what share); beside it, GRPO's best point
 within that KL (``grpo_best_within_minus_other``: a KL budget, always defined).
 
+The measurements (both judges, KL, best-of-n) are ``tformer.experiments.rl_judged``'s, the
+frontiers and their bootstrap ``tformer.experiments.rl_frontier``'s.
+
 Resumable: ``--out`` is rewritten after every part and run; ``--resume`` keeps the finished ones of
 an ``--out`` made with the same configuration and runs the rest. ``--quick``: every part at small
 sizes (a smoke run, not the chapter's numbers).
@@ -65,7 +68,8 @@ from tformer.core.atomic import write_json
 from tformer.core.provenance import load_average, record
 from tformer.data.meter import scans
 from tformer.experiments import preference as PF
-from tformer.fast.losses import bernoulli_kl
+from tformer.experiments.rl_frontier import analyse
+from tformer.experiments.rl_judged import best_of, evaluate
 from tformer.nn.lora import Adapters
 from tformer.runs.declare import reads, updates, writes
 from tformer.runs.flags import UsageError
@@ -89,7 +93,6 @@ PILOT_SEED = 100
 EVAL_FRACTIONS = (1 / 30, 1 / 15, 1 / 10, 2 / 15, 1 / 5, 4 / 15, 1 / 2, 1)   # 5 10 15 20 30 40 75 150
 BON_SAMPLES = 16
 BOOTSTRAP = 2000
-BUDGETS = (0.5, 1, 2, 5, 10)                # KL per line at which the frontiers are read
 SIZES = {"full": {"eval_prompts": PF.EVAL_PROMPTS, "eval_samples": PF.EVAL_SAMPLES,
                   "bon_samples": BON_SAMPLES, "pilot_steps": PILOT_STEPS, "lr_grid": LR_GRID,
                   "eval_fractions": EVAL_FRACTIONS, "bootstrap": BOOTSTRAP},
@@ -176,7 +179,7 @@ def dpo_rates(path):
     return lrs, kl
 
 
-# --- the model and the judges --------------------------------------------------------------------
+# --- the model --------------------------------------------------------------------------------------
 
 def load_base():
     """``(π_ref, tokenizer)``: the long run's model, its int8 weights back in float32."""
@@ -184,101 +187,6 @@ def load_base():
     from tformer.experiments.long_run import load_shipped_model
     qmodel, tokenizer = load_shipped_model("rl")
     return dequantized(qmodel), tokenizer
-
-
-def strict_judge():
-    from tformer.data.strict_meter import scans_strict
-    return scans_strict
-
-
-def judged_by(judge, tokenizer, responses, lengths):
-    """``(M, n)`` bool: ``judge`` on each response's line (``responses: (M, n, R)``)."""
-    M, n, _ = responses.shape
-    flat, lens = responses.reshape(M * n, -1), lengths.reshape(-1)
-    return np.array([bool(judge(PR.line_of(tokenizer, r[:k]))) for r, k in zip(flat, lens)]
-                    ).reshape(M, n)
-
-
-def evaluate(model, ref, tokenizer, eval_ids, windows, samples, step, kl=True):
-    """One point of a frontier: ``samples`` lines per evaluation prompt (seed 3, the Preference
-    chapter's draws), their rate under both judges, KL per line, nats/char, per prompt too."""
-    t0 = time.perf_counter()
-    resp, lens, lenient = PF.draw(model, tokenizer, eval_ids, samples, seed=3)
-    strict = judged_by(strict_judge(), tokenizer, resp, lens)
-    M = eval_ids.shape[0]
-    kls = (PF.kl_per_line(model, ref, eval_ids, resp, lens).reshape(M, samples) if kl
-           else np.zeros((M, samples)))
-    show = min(PF.SHOW, M)
-    return {"step": step, "rate": float(lenient.mean()), "rate_strict": float(strict.mean()),
-            "kl_per_line": float(kls.mean()),
-            "val_nats_per_char": PF.nats_per_char(model, windows),
-            "mean_tokens": float(lens.mean()),
-            "per_prompt": {"scans": lenient.sum(1).tolist(), "scans_strict": strict.sum(1).tolist(),
-                           "kl": [round(float(v), 5) for v in kls.sum(1)]},
-            "samples": [PR.line_of(tokenizer, resp[i, 0, :lens[i, 0]]) for i in range(show)],
-            "samples_scan": [bool(lenient[i, 0]) for i in range(show)],
-            "samples_scan_strict": [bool(strict[i, 0]) for i in range(show)],
-            "seconds": time.perf_counter() - t0}
-
-
-# --- best-of-n -------------------------------------------------------------------------------------
-
-def pass_at(n, k, m):
-    """P(one of n lines scans), unbiased from k of m lines: 1 − C(m − k, n)/C(m, n), per prompt."""
-    return np.array([1.0 - math.comb(m - int(j), n) / math.comb(m, n) for j in k])
-
-
-def best_of_n_kl(p, n):
-    """KL(π_bon ‖ π) per line for a yes/no judge: the Bernoulli KL of q = 1 − (1 − p)^n against p."""
-    p = np.asarray(p, dtype=np.float64)
-    return bernoulli_kl(1 - (1 - p) ** n, p)
-
-
-def plug_in_bias(k, m, n):
-    """E f(k'/m) − f(k/m), k' ~ Bin(m, k/m), f = ``best_of_n_kl``: the plug-in's bias at p = p̂."""
-    j = np.arange(m + 1)
-    f = best_of_n_kl(j / m, n)                                                # (m + 1,)
-    comb = np.array([math.comb(m, i) for i in j], dtype=np.float64)
-    out = []
-    for p in np.asarray(k) / m:
-        pmf = comb * p ** j * (1 - p) ** (m - j)
-        out.append(float(pmf @ f - best_of_n_kl(p, n)))
-    return np.array(out)
-
-
-def best_of(ref, tokenizer, eval_ids, samples):
-    """Best-of-n's rate and KL per line under each judge, from ``samples`` base lines per prompt."""
-    resp, lens, lenient = PF.draw(ref, tokenizer, eval_ids, samples, seed=2)
-    strict = judged_by(strict_judge(), tokenizer, resp, lens)
-    k = {"lenient": lenient.sum(1), "strict": strict.sum(1)}
-    both = (lenient & strict).sum(1)
-    out = {"samples_per_prompt": samples,
-           "per_prompt": {"scans": k["lenient"].tolist(), "scans_strict": k["strict"].tolist(),
-                          "scans_both": both.tolist()}, "by": {}}
-    for judge, kj in k.items():
-        rows = {}
-        for n in PF.BEST_OF:
-            if n > samples:
-                continue
-            kl = best_of_n_kl(kj / samples, n)
-            rows[str(n)] = {"rate": float(pass_at(n, kj, samples).mean()),
-                            "kl_per_line": float(kl.mean()),
-                            "kl_bias": float(plug_in_bias(kj, samples, n).mean())}
-        out["by"][judge] = rows
-    out["strict_of_lenient_choice"] = {
-        str(n): float(strict_of_lenient(k["lenient"], k["strict"], both, samples, n).mean())
-        for n in PF.BEST_OF if n <= samples}
-    return out
-
-
-def strict_of_lenient(k_l, k_s, k_both, m, n):
-    """Per prompt: the chance that best-of-n picked by the lenient judge returns a line the strict
-    judge passes: q_L P(S | L) + (1 − q_L) P(S | not L), each estimated from the m lines."""
-    k_l, k_s, k_both = (np.asarray(a, dtype=np.float64) for a in (k_l, k_s, k_both))
-    q = pass_at(n, k_l, m)
-    s_given_l = np.divide(k_both, k_l, out=np.zeros_like(k_l), where=k_l > 0)
-    s_given_not = np.divide(k_s - k_both, m - k_l, out=np.zeros_like(k_l), where=k_l < m)
-    return q * s_given_l + (1 - q) * s_given_not
 
 
 # --- the runs ---------------------------------------------------------------------------------------
@@ -321,145 +229,6 @@ def pick_lr(pilot, target_kl):
     lrs = sorted(pilot, key=float)
     return float(next((lr for lr in lrs if max(p["kl_per_line"] for p in pilot[lr]["points"])
                        >= target_kl / 2), lrs[-1]))
-
-
-# --- the analysis -----------------------------------------------------------------------------------
-
-def _per_prompt(points, key):
-    """(S, M) array of one point's per-prompt values over the seeds ``points`` (one per seed)."""
-    return np.array([p["per_prompt"][key] for p in points], dtype=np.float64)
-
-
-class Bootstrap:
-    """Shared draws: ``W (B, M)`` prompt counts (each prompt a cluster), and per method its seed
-    draws ``(B, S)``."""
-
-    def __init__(self, M, B, seed=0):
-        self.rng = np.random.default_rng(seed)
-        self.W = self.rng.multinomial(M, np.full(M, 1 / M), size=B).astype(np.float64)   # (B, M)
-        self.M, self.B, self._seeds = M, B, {}
-
-    def seeds(self, method, S):
-        if method not in self._seeds:
-            self._seeds[method] = self.rng.integers(0, S, (self.B, S))
-        return self._seeds[method]
-
-    def pooled(self, method, values, per_line):
-        """Replicates (B,) of Σ over resampled seeds and prompts of ``values (S, M)`` divided by
-        the lines they hold, ``per_line`` lines per prompt."""
-        S = values.shape[0]
-        by_seed = self.W @ values.T                                          # (B, S)
-        idx = self.seeds(method, S)
-        return np.take_along_axis(by_seed, idx, axis=1).sum(1) / (S * self.M * per_line)
-
-
-def _finite(x):
-    """``x`` rounded, or None where it is not a number (JSON has no NaN)."""
-    return round(float(x), 5) if np.isfinite(x) else None
-
-
-def _interval(point, reps):
-    """``[point, low, high]``: the 95 % percentile interval of the finite replicates (None if none)."""
-    reps = reps[np.isfinite(reps)]
-    lo, hi = (np.percentile(reps, [2.5, 97.5]) if reps.size else (np.nan, np.nan))
-    return [_finite(point), _finite(lo), _finite(hi)]
-
-
-def frontier(method, runs, base, boot, samples):
-    """The method's points pooled over seeds: rate (both judges), KL, nats/char, with intervals;
-    and the bootstrap replicates kept for the matched-KL comparisons."""
-    steps = [p["step"] for p in runs[0]["points"]]
-    reps = {0: {key: boot.pooled("base", _per_prompt([base], pp), samples)
-                for key, pp in (("rate", "scans"), ("rate_strict", "scans_strict"),
-                                ("kl_per_line", "kl"))}}
-    rows = [{"step": 0, **{key: _interval(base[key], reps[0][key])
-                           for key in ("rate", "rate_strict", "kl_per_line")},
-             "val_nats_per_char": [base["val_nats_per_char"]] * 3}]
-    for i, step in enumerate(steps):
-        pts = [r["points"][i] for r in runs]
-        row, rep = {"step": step}, {}
-        for key, pp in (("rate", "scans"), ("rate_strict", "scans_strict"), ("kl_per_line", "kl")):
-            values = _per_prompt(pts, pp)
-            point = values.sum() / values.size / samples
-            rep[key] = boot.pooled(method, values, samples)
-            row[key] = _interval(point, rep[key])
-            row[key + "_seeds_t"] = PF.t_interval([p[key] for p in pts])
-        row["val_nats_per_char"] = PF.t_interval([p["val_nats_per_char"] for p in pts])
-        rows.append(row)
-        reps[step] = rep
-    return rows, reps
-
-
-def read_at(kls, rates, target):
-    """The rate on the frontier (points ``kls``, ``rates``, linear between them, sorted by KL) at
-    KL ``target``; NaN past its last point."""
-    order = np.argsort(kls)
-    kls, rates = np.asarray(kls)[order], np.asarray(rates)[order]
-    return float(np.interp(target, kls, rates)) if target <= kls[-1] else float("nan")
-
-
-def best_within(kls, rates, target):
-    """The best rate among the frontier's points of KL ≤ ``target`` (the base's, KL 0, is one)."""
-    return max(r for k, r in zip(kls, rates) if k <= target)
-
-
-def matched(grpo_rows, grpo_reps, target_rows, target_reps, key):
-    """GRPO's rate ``key`` at the KL of the target's point, minus the target's, and GRPO's best
-    rate within that KL, minus the target's: each with its interval."""
-    steps = sorted(grpo_reps)
-    out = {}
-    for name, read in (("grpo_minus_other", read_at), ("grpo_best_within_minus_other", best_within)):
-        point = read([r["kl_per_line"][0] for r in grpo_rows], [r[key][0] for r in grpo_rows],
-                     target_rows["kl_per_line"][0]) - target_rows[key][0]
-        reps = np.array([read([grpo_reps[s]["kl_per_line"][b] for s in steps],
-                              [grpo_reps[s][key][b] for s in steps], target_reps["kl_per_line"][b])
-                         - target_reps[key][b] for b in range(len(target_reps[key]))])
-        out[name] = _interval(point, reps)
-        if read is read_at:
-            out["reached"] = float(np.isfinite(reps).mean())
-    return out
-
-
-def analyse(result, sizes):
-    """Frontiers, the matched-KL comparisons, the budgets."""
-    runs = result.get("runs", {})
-    base, samples = result["base"], result["config"]["eval_samples"]
-    boot = Bootstrap(len(base["per_prompt"]["scans"]), sizes["bootstrap"])
-    seeds = result["config"]["seeds"]
-    done = {m: [rs[str(s)] for s in seeds] for m, rs in runs.items()
-            if all(str(s) in rs for s in seeds)}
-    out = {"frontiers": {}, "matched_kl": {}, "budgets": {}}
-    reps = {}
-    for method, rs in done.items():
-        out["frontiers"][method], reps[method] = frontier(method, rs, base, boot, samples)
-    if "grpo" in done:
-        g_rows, g_reps = out["frontiers"]["grpo"], reps["grpo"]
-        for method in DPO_METHODS:
-            if method in done:
-                last = out["frontiers"][method][-1]
-                out["matched_kl"][method] = {
-                    "kl_per_line": last["kl_per_line"],
-                    **{key: matched(g_rows, g_reps, last, reps[method][last["step"]], key)
-                       for key in ("rate", "rate_strict")}}
-        bo = result.get("best_of")
-        if bo:
-            W = boot.W
-            for judge, key, pp in (("lenient", "rate", "scans"), ("strict", "rate_strict",
-                                                                    "scans_strict")):
-                k = np.array(bo["per_prompt"][pp], dtype=np.float64)
-                m = bo["samples_per_prompt"]
-                for n, row in bo["by"][judge].items():
-                    rate, kl = pass_at(int(n), k, m), best_of_n_kl(k / m, int(n))
-                    target = {"kl_per_line": [row["kl_per_line"]], key: [row["rate"]]}
-                    target_reps = {"kl_per_line": W @ kl / boot.M, key: W @ rate / boot.M}
-                    out["matched_kl"][f"best-of-{n} ({judge})"] = {
-                        "kl_per_line": row["kl_per_line"],
-                        key: matched(g_rows, g_reps, target, target_reps, key)}
-    for method, rows in out["frontiers"].items():
-        out["budgets"][method] = {str(b): {key: _finite(read_at([r["kl_per_line"][0] for r in rows],
-                                                                [r[key][0] for r in rows], b))
-                                           for key in ("rate", "rate_strict")} for b in BUDGETS}
-    return out
 
 
 # --- the command ------------------------------------------------------------------------------------
@@ -510,7 +279,8 @@ def main(args):
     progress = False if args.no_progress else None
 
     def save():
-        result["analysis"] = analyse(result, sizes) if "base" in result else {}
+        result["analysis"] = (analyse(result, sizes["bootstrap"], DPO_METHODS)
+                              if "base" in result else {})
         write_json(args.out, result)
     eval_ids, _ = PR.prompts(eval_text, tokenizer, sizes["eval_prompts"], np.random.default_rng(1))
     prompt_ids, _ = PR.prompts(train_text, tokenizer, PF.PAIR_PROMPTS, np.random.default_rng(0))
