@@ -6,10 +6,10 @@ from fast_equal_pointwise import assert_equal_to_kernel, threads  # noqa: F401
 from tformer.fast import activations as fast
 from tformer.kernels import activations as kern
 
-NAMES = ["relu", "sigmoid", "swish", "gelu"]
+NAMES = ["relu", "relu2", "sigmoid", "swish", "gelu"]
 
 
-ACTIVATIONS = [("relu", {}), ("sigmoid", {}), ("swish", {}), ("gelu", {"approximate": "tanh"}),
+ACTIVATIONS = [("relu", {}), ("relu2", {}), ("sigmoid", {}), ("swish", {}), ("gelu", {"approximate": "tanh"}),
                ("gelu", {"approximate": "none"})]
 SHAPES = [(5,), (4, 6, 8), (64, 2048)]                              # 2**17 elements: split in two
 # The exact GELU calls math.erf per element: its two small shapes suffice (no split to test).

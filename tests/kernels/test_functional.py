@@ -20,7 +20,7 @@ def randn(*shape, seed=0, dtype=np.float64):
 # ---------------------------------------------------------------- gradient checks (float64)
 
 ELEMENTWISE = [
-    ("relu", {}), ("sigmoid", {}), ("swish", {}),
+    ("relu", {}), ("relu2", {}), ("sigmoid", {}), ("swish", {}),
     ("gelu", {"approximate": "tanh"}), ("gelu", {"approximate": "none"}),
 ]
 
@@ -28,7 +28,7 @@ ELEMENTWISE = [
 @pytest.mark.parametrize("name,kw", ELEMENTWISE)
 def test_elementwise_gradcheck(name, kw):
     x = randn(3, 4, 5, seed=1)
-    x[np.abs(x) < 1e-3] = 0.5          # keep ReLU's kink out of the difference stencil
+    x[np.abs(x) < 1e-3] = 0.5          # keep ReLU's kink (and ReLU²'s) out of the stencil
     err = check_kernel(getattr(F, f"{name}_forward"), getattr(F, f"{name}_backward"), [x], kwargs=kw)
     assert err < TOL
 

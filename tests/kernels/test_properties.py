@@ -16,6 +16,7 @@ from tformer.core.gradcheck import numerical_grad
 
 ELEMENTWISE = {
     "relu": (F.relu_forward, F.relu_backward),
+    "relu2": (F.relu2_forward, F.relu2_backward),
     "sigmoid": (F.sigmoid_forward, F.sigmoid_backward),
     "swish": (F.swish_forward, F.swish_backward),
     "gelu_tanh": (lambda x: F.gelu_forward(x, "tanh"), F.gelu_backward),
@@ -29,6 +30,9 @@ ELEMENTWISE = {
 def test_elementwise_forward_and_backward_are_finite(name, data, shape, dtype):
     fwd, bwd = ELEMENTWISE[name]
     x = data.draw(arrays(shape, dtype))
+    if name == "relu2":       # x² and 2x·dy must fit the dtype (float16 ends at 65504 = 256²)
+        r = np.maximum(x.astype(np.float64), 0)
+        assume(np.isfinite((r * np.maximum(r, 20)).astype(dtype)).all())
     y, cache = fwd(x)
     assert y.shape == x.shape and y.dtype == x.dtype and finite(y)
     dy = data.draw(arrays(shape, dtype, bound=10.0))
@@ -42,7 +46,7 @@ def test_elementwise_forward_and_backward_are_finite(name, data, shape, dtype):
 def test_elementwise_backward_matches_finite_differences(name, shape, seed, scale):
     fwd, bwd = ELEMENTWISE[name]
     x = rand64(seed, shape, scale)
-    assume(name != "relu" or np.abs(x).min() > 1e-4)              # the kink of ReLU at 0
+    assume(name not in ("relu", "relu2") or np.abs(x).min() > 1e-4)   # the kinks at 0
     assert check_kernel(fwd, bwd, [x], seed=seed) < FD_TOL
 
 

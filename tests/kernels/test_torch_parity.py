@@ -42,6 +42,7 @@ def run_torch(fn, arrays, g):
 
 ELEMENTWISE = {
     "relu": lambda torch, x: torch.nn.functional.relu(x),
+    "relu2": lambda torch, x: torch.nn.functional.relu(x).square(),
     "sigmoid": lambda torch, x: torch.sigmoid(x),
     "swish": lambda torch, x: torch.nn.functional.silu(x),
     "gelu_tanh": lambda torch, x: torch.nn.functional.gelu(x, approximate="tanh"),
@@ -352,3 +353,29 @@ def test_tinygpt_training_trajectory(torch):
         torch, tm_theirs_clip, batches,
         lambda params, max_norm: float(torch.nn.utils.clip_grad_norm_(params, max_norm)))
     assert np.max(np.abs(theirs_clip - losses) / losses) > 1e3 * LOSS_RTOL
+
+
+@pytest.mark.parametrize("mlp", ["relu", "relu2"])
+def test_tinygpt_with_another_mlp_equals_its_twin(torch, mlp):
+    """TinyGPT(mlp=...) and the twin ``from_tinygpt`` builds for it, float64: the same logits and,
+    under a random upstream gradient, the same gradient of every parameter; and a piece the twin
+    does not build (RMSNorm) is refused, not silently replaced."""
+    tg = _torch_gpt()
+    model = TinyGPT(d_model=16, n_heads=2, n_layers=2, max_len=8, vocab_size=V, seed=1,
+                    dtype=np.float64, mlp=mlp)
+    tm = tg.from_tinygpt(model)
+    x = np.random.default_rng(2).integers(0, V, (3, 8))
+    g = np.random.default_rng(3).standard_normal((3, 8, V))
+    z = model.forward(x)
+    model.zero_grad()
+    model.backward(g)
+    tz = tm(torch.from_numpy(x))
+    tz.backward(torch.from_numpy(g))
+    close(z, tz)
+    theirs = dict(tm.named_parameters())
+    for name, _, grad in model.named_parameters():
+        tname, transpose = tg._name_map(2)[name]
+        tgrad = theirs[tname].grad
+        close(grad, tgrad.T if transpose else tgrad)
+    with pytest.raises(ValueError, match="the torch twin builds norm in"):
+        tg.from_tinygpt(TinyGPT(d_model=16, n_heads=2, n_layers=1, max_len=8, norm="rmsnorm"))

@@ -62,7 +62,7 @@ def test_defaults_equal_the_explicit_first_model_keywords(tiny):
 # --- every combination: KV cache equals recomputation ---------------------------------------------
 
 COMBOS = list(itertools.product(["layernorm", "rmsnorm"], ["learned", "sinusoidal", "rope"],
-                                ["gelu", "relu", "swiglu"], [4, 2, 1], [False, True]))
+                                ["gelu", "relu", "relu2", "swiglu"], [4, 2, 1], [False, True]))
 
 
 @pytest.mark.parametrize("norm,positions,mlp,n_kv_heads,tie", COMBOS)
@@ -87,7 +87,8 @@ def test_cached_and_uncached_greedy_decoding_agree_float32(positions, randomize,
 # --- gradients ---------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("options", [ALL_ON, dict(ALL_ON, n_kv_heads=1, positions="sinusoidal"),
-                                     dict(ALL_ON, mlp="relu", tie_embeddings=False, positions="learned")])
+                                     dict(ALL_ON, mlp="relu", tie_embeddings=False, positions="learned"),
+                                     dict(ALL_ON, mlp="relu2", n_kv_heads=1)])
 def test_gradcheck_with_the_modern_options(options, randomize, tiny, tokens):
     model = randomize(tiny(d_ff=12, **options), seed=7)
     x, y = tokens(2, 6, seed=8), tokens(2, 6, seed=9)
@@ -173,7 +174,7 @@ def test_config_and_checkpoint_round_trip_with_every_option(tmp_path, randomize,
 @pytest.mark.parametrize("kw,error,match", [
     ({"norm": "batchnorm"}, ValueError, r"norm: expected one of \['layernorm', 'rmsnorm'\], got 'batchnorm'"),
     ({"positions": "alibi"}, ValueError, r"positions: expected one of \['learned', 'sinusoidal', 'rope'\]"),
-    ({"mlp": "geglu"}, ValueError, r"mlp: expected one of \['gelu', 'relu', 'swiglu'\], got 'geglu'"),
+    ({"mlp": "geglu"}, ValueError, r"mlp: expected one of \['gelu', 'relu', 'relu2', 'swiglu'\], got 'geglu'"),
     ({"mlp": None}, ValueError, "mlp: expected one of"),
     ({"n_kv_heads": 3}, ValueError, "n_kv_heads: expected a divisor of n_heads = 4, got 3"),
     ({"n_kv_heads": 0}, ValueError, "n_kv_heads: expected a divisor of n_heads = 4, got 0"),

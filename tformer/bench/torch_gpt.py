@@ -6,7 +6,7 @@
 
 The same architecture in the form a PyTorch user would write it: ``nn.Embedding``, ``nn.LayerNorm``,
 ``nn.Linear`` (fused ``W_qkv``), ``F.scaled_dot_product_attention(is_causal=True)`` and
-``F.gelu(approximate="tanh")``. ``nn.Linear`` stores ``weight: (d_out, d_in)``, the transpose of
+``F.gelu(approximate="tanh")`` (or, as TinyGPT's ``mlp`` says, ``F.relu`` or ``F.relu(h).square()``). ``nn.Linear`` stores ``weight: (d_out, d_in)``, the transpose of
 tformer's ``W: (d_in, d_out)``, so ``from_tinygpt`` copies ``W.T`` and ``grads_as_tformer`` transposes
 back. ``decode`` and ``greedy_kv`` generate with a key/value cache kept as a list of tensors grown
 by ``torch.cat``. Used by the benchmark and by the tests (tests/experiments/test_benchmarks.py, and the
@@ -20,12 +20,18 @@ from torch.nn import functional as TF
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
-class Block(nn.Module):
-    """X ← X + Attn(LN₁(X)),  X ← X + MLP(LN₂(X)); causal, fused qkv, GELU (tanh), biases."""
+ACTIVATIONS = {"gelu": lambda h: TF.gelu(h, approximate="tanh"), "relu": TF.relu,
+               "relu2": lambda h: TF.relu(h).square()}
 
-    def __init__(self, C, H, d_ff, eps=1e-5):
+
+class Block(nn.Module):
+    """X ← X + Attn(LN₁(X)),  X ← X + MLP(LN₂(X)); causal, fused qkv, GELU (tanh) or ``mlp``'s
+    activation, biases."""
+
+    def __init__(self, C, H, d_ff, eps=1e-5, mlp="gelu"):
         super().__init__()
         self.H = H
+        self.act = ACTIVATIONS[mlp]
         self.ln1 = nn.LayerNorm(C, eps=eps)
         self.qkv = nn.Linear(C, 3 * C)
         self.o = nn.Linear(C, C)
@@ -39,7 +45,7 @@ class Block(nn.Module):
         q, k, v = (t.view(B, T, self.H, C // self.H).transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
         y = TF.scaled_dot_product_attention(q, k, v, is_causal=True)             # (B, H, T, D)
         x = x + self.o(y.transpose(1, 2).reshape(B, T, C))                       # (B, T, C)
-        return x + self.fc2(TF.gelu(self.fc1(self.ln2(x)), approximate="tanh"))  # (B, T, C)
+        return x + self.fc2(self.act(self.fc1(self.ln2(x))))                     # (B, T, C)
 
     def decode(self, x, past=None):
         """The same block for generation: ``past`` = the (k, v) of earlier positions, (B, H, t, D)
@@ -52,18 +58,19 @@ class Block(nn.Module):
         # one new query sees every cached key: no mask; a prompt (no past) is causal
         y = TF.scaled_dot_product_attention(q, k, v, is_causal=past is None and T > 1)
         x = x + self.o(y.transpose(1, 2).reshape(B, T, C))
-        return x + self.fc2(TF.gelu(self.fc1(self.ln2(x)), approximate="tanh")), (k, v)
+        return x + self.fc2(self.act(self.fc1(self.ln2(x)))), (k, v)
 
 
 class TorchGPT(nn.Module):
     """logits = TorchGPT(tokens): ``tokens: (B, T)`` int64 -> ``logits: (B, T, V)``."""
 
-    def __init__(self, d_model, n_heads, n_layers, max_len, vocab_size=256, d_ff=None):
+    def __init__(self, d_model, n_heads, n_layers, max_len, vocab_size=256, d_ff=None, mlp="gelu"):
         super().__init__()
         C = d_model
         self.wte = nn.Embedding(vocab_size, C)
         self.wpe = nn.Embedding(max_len, C)
-        self.blocks = nn.ModuleList(Block(C, n_heads, d_ff or 4 * C) for _ in range(n_layers))
+        self.blocks = nn.ModuleList(Block(C, n_heads, d_ff or 4 * C, mlp=mlp)
+                                    for _ in range(n_layers))
         self.ln_f = nn.LayerNorm(C)
         self.lm_head = nn.Linear(C, vocab_size)
 
@@ -116,12 +123,21 @@ def _name_map(n_layers):
 
 
 def from_tinygpt(model):
-    """A ``TorchGPT`` computing exactly what the TinyGPT ``model`` computes (same dtype, copied weights)."""
+    """A ``TorchGPT`` computing exactly what the TinyGPT ``model`` computes (same dtype, copied
+    weights); a ValueError for a piece of the modern block the twin does not build."""
     cfg = model.config
     if cfg["dropout"]:
         raise ValueError(f"model: the torch twin has no dropout, got dropout = {cfg['dropout']}")
+    built = {"norm": ("layernorm",), "positions": ("learned",), "mlp": tuple(ACTIVATIONS),
+             "tie_embeddings": (False,), "norm_position": ("pre",)}
+    for key, allowed in built.items():
+        if cfg.get(key, allowed[0]) not in allowed:
+            raise ValueError(f"model: the torch twin builds {key} in {allowed}, got {cfg[key]!r}")
+    if cfg.get("n_kv_heads", cfg["n_heads"]) != cfg["n_heads"]:
+        raise ValueError(f"model: the torch twin has no grouped-query attention, got n_kv_heads = "
+                         f"{cfg['n_kv_heads']} for {cfg['n_heads']} heads")
     tm = TorchGPT(cfg["d_model"], cfg["n_heads"], cfg["n_layers"], cfg["max_len"], cfg["vocab_size"],
-                  cfg["d_ff"]).to(_DTYPES[cfg["dtype"]])
+                  cfg["d_ff"], cfg.get("mlp", "gelu")).to(_DTYPES[cfg["dtype"]])
     theirs = dict(tm.named_parameters())
     names = _name_map(cfg["n_layers"])
     with torch.no_grad():

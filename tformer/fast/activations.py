@@ -13,12 +13,14 @@ import numpy as np
 from tformer.core import parallel
 from tformer.core.dtypes import is_low
 from tformer.kernels.activations import (GELU_C, SQRT_2_OVER_PI, GeluCache, SwishCache, _erf,  # noqa: F401
-                                   relu_backward, relu_forward, sigmoid_backward, swish_backward)
+                                   relu2_backward, relu2_forward, relu_backward, relu_forward,
+                                   sigmoid_backward, swish_backward)
 
 _GELU_A, _GELU_B = -2 * SQRT_2_OVER_PI, -2 * SQRT_2_OVER_PI * GELU_C        # −2u = x (a + b x²)
 _GELU_DA, _GELU_DB = 2 * SQRT_2_OVER_PI, 6 * SQRT_2_OVER_PI * GELU_C        # 2x u'(x) = x (a' + b' x²)
 
-# relu_forward/backward, sigmoid_backward and swish_backward are the kernels' own (imported above):
+# relu_forward/backward, relu2_forward/backward, sigmoid_backward and swish_backward are the
+# kernels' own (imported above):
 # one elementwise expression each, nothing to make faster.
 
 

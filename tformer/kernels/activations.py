@@ -1,4 +1,5 @@
-"""Elementwise activations: ReLU, sigmoid, swish (SiLU) and GELU (exact and tanh), forward and backward.
+"""Elementwise activations: ReLU, its square, sigmoid, swish (SiLU) and GELU (exact and tanh), forward and
+backward.
 
 An elementwise y = f(x) has a diagonal Jacobian, so every backward here is dx = dy ⊙ f'(x).
 """
@@ -33,6 +34,22 @@ def relu_backward(dy, cache):
     """dx = dy ⊙ 1[x > 0]  (the subgradient at 0 is taken as 0).  ``y`` stands in for ``x``: y > 0 ⇔ x > 0."""
     y = cache
     return dy * (y > 0)
+
+
+def relu2_forward(x):
+    """y = max(0, x)², ReLU squared (So et al. 2021, "Primer"; the MLP of modded-nanogpt's records).
+
+    Shapes: ``x: (...)`` -> ``y: (...)``. Returns ``y, cache`` (the cache is r = max(0, x)).
+    """
+    r = np.maximum(x, 0)
+    return r * r, r
+
+
+def relu2_backward(dy, cache):
+    """dx = dy ⊙ 2 max(0, x): y = r², r = max(0, x), so y' = 2r·1[x > 0] = 2r (r is 0 where the
+    indicator is). Continuous at 0, unlike ReLU's derivative. ``cache``: r, the shape of ``dy``."""
+    r = cache
+    return dy * (r + r)
 
 
 def sigmoid_forward(x):

@@ -20,7 +20,7 @@ from tformer.nn.modern_layers import NORMS, TiedLinear, norm_layer
 from tformer.nn.recompute import Recompute, check_checkpointing
 
 POSITIONS = ("learned", "sinusoidal", "rope")
-MLPS = ("gelu", "relu", "swiglu")
+MLPS = ("gelu", "relu", "relu2", "swiglu")
 NORM_POSITIONS = {"pre": PreNormBlock, "post": PostNormGPTBlock}
 
 
@@ -34,10 +34,10 @@ class TinyGPT(Module):
     - ``positions``: ``"learned"`` (W_pe), ``"sinusoidal"`` (the fixed table of the complete
       Transformer and the post-LN encoder, added to the embeddings) or ``"rope"`` (no table: q and
       k are rotated in every attention layer).
-    - ``mlp``: ``"gelu"``, ``"relu"`` or ``"swiglu"``. The hidden width is ``d_ff`` (default 4C) for
-      all three. SwiGLU has three C × d_ff matrices instead of two: to compare at the same
-      parameter budget pass ``d_ff=swiglu_hidden(4 * d_model)``, i.e. 2/3 · 4C
-      (``tformer.nn.modern_layers.swiglu_hidden``).
+    - ``mlp``: ``"gelu"``, ``"relu"``, ``"relu2"`` (ReLU squared, modded-nanogpt's) or ``"swiglu"``.
+      The hidden width is ``d_ff`` (default 4C) for all four. SwiGLU has three C × d_ff matrices
+      instead of two: to compare at the same parameter budget pass
+      ``d_ff=swiglu_hidden(4 * d_model)``, i.e. 2/3 · 4C (``tformer.nn.modern_layers.swiglu_hidden``).
     - ``n_kv_heads``: key/value heads of grouped-query attention (default ``n_heads``: multi-head).
     - ``tie_embeddings``: the LM head's weight is W_teᵀ (``TiedLinear``, keeping its bias b_lm);
       W_te's gradient then sums its two uses.

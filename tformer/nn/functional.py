@@ -39,6 +39,7 @@ from tformer.kernels.rope import _check_base, _positions
 __all__ = [
     "linear_forward", "linear_backward", "embedding_forward", "embedding_backward",
     "softmax_forward", "softmax_backward", "relu_forward", "relu_backward",
+    "relu2_forward", "relu2_backward",
     "sigmoid_forward", "sigmoid_backward", "swish_forward", "swish_backward",
     "gelu_forward", "gelu_backward", "layernorm_forward", "layernorm_backward",
     "dropout_forward", "dropout_backward", "attention_forward", "attention_backward",
@@ -167,6 +168,18 @@ def relu_backward(dy, cache):
     """dx = dy ⊙ 1[x > 0] (``tformer.kernels.activations.relu_backward``), checked."""
     _upstream_shape("dy", dy, cache.shape)
     return _fast_act.relu_backward(dy, cache)
+
+
+def relu2_forward(x):
+    """y = max(0, x)² (``tformer.kernels.activations.relu2_forward``), checked. Returns ``y, cache``."""
+    float_array("x", x)
+    return _fast_act.relu2_forward(x)
+
+
+def relu2_backward(dy, cache):
+    """dx = dy ⊙ 2 max(0, x) (``tformer.kernels.activations.relu2_backward``), checked."""
+    _upstream_shape("dy", dy, cache.shape)
+    return _fast_act.relu2_backward(dy, cache)
 
 
 def sigmoid_forward(x):

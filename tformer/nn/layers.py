@@ -589,12 +589,14 @@ class Dropout(Module):
 
 
 class Activation(Module):
-    """An elementwise activation by name: ``relu``, ``gelu`` (tanh form), ``gelu_exact``, ``swish``, ``sigmoid``."""
+    """An elementwise activation by name: ``relu``, ``relu2`` (ReLU squared), ``gelu`` (tanh form),
+    ``gelu_exact``, ``swish``, ``sigmoid``."""
 
     saved = ("_cache",)
 
     KERNELS = {
         "relu": (fast_act.relu_forward, fast_act.relu_backward, {}),
+        "relu2": (fast_act.relu2_forward, fast_act.relu2_backward, {}),
         "gelu": (fast_act.gelu_forward, fast_act.gelu_backward, {"approximate": "tanh"}),
         "gelu_exact": (fast_act.gelu_forward, fast_act.gelu_backward, {"approximate": "none"}),
         "swish": (fast_act.swish_forward, fast_act.swish_backward, {}),
