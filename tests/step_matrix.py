@@ -34,6 +34,8 @@ CONFIGS = {
     "tied embeddings": (dict(tie_embeddings=True), {}),
     "modern block": (dict(norm="rmsnorm", positions="rope", mlp="swiglu", n_kv_heads=2), {}),
     "post-norm": (dict(norm_position="post"), {}),
+    "relu² with flash and checkpointing": (dict(mlp="relu2", attention="flash",
+                                                gradient_checkpointing=True), {}),
     "accumulation": ({}, dict(accum_steps=2)),
     "clipping": ({}, dict(clip_norm=0.05)),
     # Module.freeze on these layers (the learned positions, which TinyGPT's backward adds itself,
