@@ -55,6 +55,7 @@ _ALLOWED_GROUPS = [
      "exercises' givens and worked answers (tests/book/test_solutions_decoding.py); τ = 1.5 a setting"),
     ("34_decoding", "95", "the confidence level of the intervals"),
     ("35_preference", "95", "the confidence level of the intervals"),
+    ("37_grpo", "95", "the confidence level of the intervals"),
     ("36_muon", "2.0315", "Muon's Newton–Schulz coefficient c (Jordan 2024), a constant of the method"),
 ]
 ALLOWED = {(nb, tok): why for nb, toks, why in _ALLOWED_GROUPS for tok in toks.split()}
