@@ -125,7 +125,16 @@ def test_a_miniature_speedrun_runs_and_resumes(tmp_path, monkeypatch):
     assert len(d["torch"]["runs"]) == 2 and d["table"][0]["reached"] == [40, 40]
     n = len(calls)
     assert n == 2 + 1 + 2                   # the recipe's seeds, a pilot, the stage's seeds
-    assert S.main(args) == 0 and len(calls) == n
+    torch_runs = []
+    real_torch = S.torch_run
+    monkeypatch.setattr(S, "torch_run", lambda *a, **k: torch_runs.append(a) or real_torch(*a, **k))
+    assert S.main(args) == 0 and len(calls) == n and torch_runs == []   # nothing trains again
+    # the table keeps the stage's verdict and deciding p; its own rounds' p beside them
+    again = json.loads(out.read_text())
+    stage = next(e for e in again["stages"] if e["name"] == "muon")
+    row = again["table"][1]
+    assert row["kept"] == stage["kept"] and row.get("p") == stage.get("p")
+    assert ("p_retimed" in row) == ("p" in stage)
 
 
 def test_bad_seeds_and_a_bad_result_file_are_usage_errors(tmp_path):
