@@ -129,6 +129,7 @@ def test_lean_step_is_taken_only_where_it_applies(monkeypatch):
     for kw, used in [({}, True), (dict(positions="rope"), False),
                      (dict(attention="flash"), False), (dict(n_kv_heads=2), False),
                      (dict(norm="rmsnorm"), False), (dict(mlp="swiglu"), False),
+                     (dict(mlp="relu"), False), (dict(mlp="relu2"), False),
                      (dict(tie_embeddings=True), True),
                      (dict(norm_position="post"), False)]:
         calls.clear()

@@ -355,14 +355,19 @@ def test_tinygpt_training_trajectory(torch):
     assert np.max(np.abs(theirs_clip - losses) / losses) > 1e3 * LOSS_RTOL
 
 
-@pytest.mark.parametrize("mlp", ["relu", "relu2"])
-def test_tinygpt_with_another_mlp_equals_its_twin(torch, mlp):
-    """TinyGPT(mlp=...) and the twin ``from_tinygpt`` builds for it, float64: the same logits and,
-    under a random upstream gradient, the same gradient of every parameter; and a piece the twin
-    does not build (RMSNorm) is refused, not silently replaced."""
+@pytest.mark.parametrize("mlp,norm", [("relu", "layernorm"), ("relu2", "layernorm"),
+                                      ("gelu", "rmsnorm"), ("relu2", "rmsnorm")])
+def test_tinygpt_with_another_mlp_or_norm_equals_its_twin(torch, mlp, norm):
+    """TinyGPT(mlp=..., norm=...) and the twin ``from_tinygpt`` builds for it, float64:
+    the same logits and, under a random upstream gradient, the same gradient of every
+    parameter (RMSNorm: ``nn.RMSNorm``, γ only); and a piece the twin does not build
+    (RoPE) is refused, not silently replaced."""
     tg = _torch_gpt()
     model = TinyGPT(d_model=16, n_heads=2, n_layers=2, max_len=8, vocab_size=V, seed=1,
-                    dtype=np.float64, mlp=mlp)
+                    dtype=np.float64, mlp=mlp, norm=norm)
+    for _, p, _ in model.named_parameters():         # γ and β away from their 1 and 0
+        if p.ndim == 1:
+            p += 0.3 * np.random.default_rng(p.size).standard_normal(p.shape)
     tm = tg.from_tinygpt(model)
     x = np.random.default_rng(2).integers(0, V, (3, 8))
     g = np.random.default_rng(3).standard_normal((3, 8, V))
@@ -373,9 +378,13 @@ def test_tinygpt_with_another_mlp_equals_its_twin(torch, mlp):
     tz.backward(torch.from_numpy(g))
     close(z, tz)
     theirs = dict(tm.named_parameters())
+    names = tg._name_map(2, norm)
+    assert len(theirs) == len(names) == len(list(model.named_parameters()))
     for name, _, grad in model.named_parameters():
-        tname, transpose = tg._name_map(2)[name]
+        tname, transpose = names[name]
         tgrad = theirs[tname].grad
         close(grad, tgrad.T if transpose else tgrad)
-    with pytest.raises(ValueError, match="the torch twin builds norm in"):
-        tg.from_tinygpt(TinyGPT(d_model=16, n_heads=2, n_layers=1, max_len=8, norm="rmsnorm"))
+    assert tg.grads_as_tformer(tm, 2).keys() == names.keys()
+    with pytest.raises(ValueError, match="the torch twin builds positions in"):
+        tg.from_tinygpt(TinyGPT(d_model=16, n_heads=2, n_layers=1, max_len=8,
+                                positions="rope"))

@@ -171,6 +171,27 @@ def test_config_and_checkpoint_round_trip_with_every_option(tmp_path, randomize,
             load_checkpoint(path, tiny(dtype=np.float32, d_ff=12, **dict(ALL_ON, **{key: value})))
 
 
+def test_checkpoint_of_relu2_round_trips_and_no_other_mlp_loads_it(tmp_path, randomize,
+                                                                   tiny, tokens):
+    """ReLU², ReLU and GELU have the same parameters (names and shapes): only the
+    configuration tells them apart, so a ReLU² checkpoint loads into ReLU² (the same
+    logits, bit for bit) and is refused by the other two, whose forward would differ."""
+    model = randomize(tiny(dtype=np.float32, mlp="relu2"), seed=21)
+    path = tmp_path / "relu2.npz"
+    save_checkpoint(path, model, step=3)
+    assert read_checkpoint(path)[0]["config"]["mlp"] == "relu2"
+    other = tiny(dtype=np.float32, mlp="relu2", seed=5)
+    load_checkpoint(path, other)
+    x = tokens(2, 7, seed=22)
+    assert np.array_equal(model.forward(x), other.forward(x))
+    for mlp in ("gelu", "relu"):
+        plain = tiny(dtype=np.float32, mlp=mlp)
+        assert [(n, p.shape) for n, p, _ in plain.named_parameters()] == \
+            [(n, p.shape) for n, p, _ in model.named_parameters()]
+        with pytest.raises(ValueError, match="another configuration.*mlp"):
+            load_checkpoint(path, plain)
+
+
 @pytest.mark.parametrize("kw,error,match", [
     ({"norm": "batchnorm"}, ValueError, r"norm: expected one of \['layernorm', 'rmsnorm'\], got 'batchnorm'"),
     ({"positions": "alibi"}, ValueError, r"positions: expected one of \['learned', 'sinusoidal', 'rope'\]"),

@@ -4,13 +4,17 @@
     X ← X + Attn(LN(X));  X ← X + MLP(LN(X))         n_layers times
     Z = LN(X) W_lm + b_lm                            (B, T, V)
 
-The same architecture in the form a PyTorch user would write it: ``nn.Embedding``, ``nn.LayerNorm``,
-``nn.Linear`` (fused ``W_qkv``), ``F.scaled_dot_product_attention(is_causal=True)`` and
-``F.gelu(approximate="tanh")`` (or, as TinyGPT's ``mlp`` says, ``F.relu`` or ``F.relu(h).square()``). ``nn.Linear`` stores ``weight: (d_out, d_in)``, the transpose of
-tformer's ``W: (d_in, d_out)``, so ``from_tinygpt`` copies ``W.T`` and ``grads_as_tformer`` transposes
-back. ``decode`` and ``greedy_kv`` generate with a key/value cache kept as a list of tensors grown
-by ``torch.cat``. Used by the benchmark and by the tests (tests/experiments/test_benchmarks.py, and the
-training-trajectory test in tests/kernels/test_torch_parity.py).
+The same architecture in the form a PyTorch user would write it: ``nn.Embedding``,
+``nn.LayerNorm``, ``nn.Linear`` (fused ``W_qkv``),
+``F.scaled_dot_product_attention(is_causal=True)`` and ``F.gelu(approximate="tanh")`` (or,
+as TinyGPT's ``mlp`` says, ``F.relu`` or ``F.relu(h).square()``; and, as its ``norm``
+says, ``nn.RMSNorm`` in every LayerNorm's place). ``nn.Linear`` stores
+``weight: (d_out, d_in)``, the transpose of tformer's ``W: (d_in, d_out)``, so
+``from_tinygpt`` copies ``W.T`` and ``grads_as_tformer`` transposes back. ``decode`` and
+``greedy_kv`` generate with a key/value cache kept as a list of tensors grown by
+``torch.cat``. Used by the benchmark and by the tests
+(tests/experiments/test_benchmarks.py, and the training-trajectory test in
+tests/kernels/test_torch_parity.py).
 """
 import numpy as np
 import torch
@@ -22,6 +26,7 @@ _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 ACTIVATIONS = {"gelu": lambda h: TF.gelu(h, approximate="tanh"), "relu": TF.relu,
                "relu2": lambda h: TF.relu(h).square()}
+NORMS = {"layernorm": nn.LayerNorm, "rmsnorm": nn.RMSNorm}     # γx / √(mean(x²) + ε)
 
 
 class Block(nn.Module):
@@ -64,14 +69,19 @@ class Block(nn.Module):
 class TorchGPT(nn.Module):
     """logits = TorchGPT(tokens): ``tokens: (B, T)`` int64 -> ``logits: (B, T, V)``."""
 
-    def __init__(self, d_model, n_heads, n_layers, max_len, vocab_size=256, d_ff=None, mlp="gelu"):
+    def __init__(self, d_model, n_heads, n_layers, max_len, vocab_size=256, d_ff=None,
+                 mlp="gelu", norm="layernorm"):
         super().__init__()
         C = d_model
+        self.norm = norm
         self.wte = nn.Embedding(vocab_size, C)
         self.wpe = nn.Embedding(max_len, C)
         self.blocks = nn.ModuleList(Block(C, n_heads, d_ff or 4 * C, mlp=mlp)
                                     for _ in range(n_layers))
-        self.ln_f = nn.LayerNorm(C)
+        if norm != "layernorm":                       # the blocks' norms, the same names
+            for block in self.blocks:
+                block.ln1, block.ln2 = NORMS[norm](C, eps=1e-5), NORMS[norm](C, eps=1e-5)
+        self.ln_f = NORMS[norm](C, eps=1e-5)
         self.lm_head = nn.Linear(C, vocab_size)
 
     def forward(self, tokens):
@@ -106,8 +116,9 @@ def greedy_kv(tm, prompt, max_new_tokens):
     return out
 
 
-def _name_map(n_layers):
-    """tformer name -> (torch name, transpose?) for every parameter of a TinyGPT."""
+def _name_map(n_layers, norm="layernorm"):
+    """tformer name -> (torch name, transpose?) for every parameter of a TinyGPT (its
+    ``norm``: RMSNorm has no β)."""
     m = {"wte.W": ("wte.weight", False), "wpe.W": ("wpe.weight", False),
          "ln_f.gamma": ("ln_f.weight", False), "ln_f.beta": ("ln_f.bias", False),
          "lm_head.W": ("lm_head.weight", True), "lm_head.b": ("lm_head.bias", False)}
@@ -119,6 +130,8 @@ def _name_map(n_layers):
         for a, b in (("attn.qkv", "qkv"), ("attn.o", "o"), ("ffn.fc1", "fc1"), ("ffn.fc2", "fc2")):
             m[ours + a + ".W"] = (theirs + b + ".weight", True)
             m[ours + a + ".b"] = (theirs + b + ".bias", False)
+    if norm == "rmsnorm":
+        m = {k: v for k, v in m.items() if not k.endswith(".beta")}
     return m
 
 
@@ -128,7 +141,7 @@ def from_tinygpt(model):
     cfg = model.config
     if cfg["dropout"]:
         raise ValueError(f"model: the torch twin has no dropout, got dropout = {cfg['dropout']}")
-    built = {"norm": ("layernorm",), "positions": ("learned",), "mlp": tuple(ACTIVATIONS),
+    built = {"norm": tuple(NORMS), "positions": ("learned",), "mlp": tuple(ACTIVATIONS),
              "tie_embeddings": (False,), "norm_position": ("pre",)}
     for key, allowed in built.items():
         if cfg.get(key, allowed[0]) not in allowed:
@@ -137,9 +150,10 @@ def from_tinygpt(model):
         raise ValueError(f"model: the torch twin has no grouped-query attention, got n_kv_heads = "
                          f"{cfg['n_kv_heads']} for {cfg['n_heads']} heads")
     tm = TorchGPT(cfg["d_model"], cfg["n_heads"], cfg["n_layers"], cfg["max_len"], cfg["vocab_size"],
-                  cfg["d_ff"], cfg.get("mlp", "gelu")).to(_DTYPES[cfg["dtype"]])
+                  cfg["d_ff"], cfg.get("mlp", "gelu"), cfg.get("norm", "layernorm"))
+    tm = tm.to(_DTYPES[cfg["dtype"]])
     theirs = dict(tm.named_parameters())
-    names = _name_map(cfg["n_layers"])
+    names = _name_map(cfg["n_layers"], tm.norm)
     with torch.no_grad():
         for name, p, _ in model.named_parameters():
             tname, transpose = names[name]
@@ -157,7 +171,7 @@ def grads_as_tformer(tm, n_layers):
     """``{tformer name: gradient as a NumPy array in tformer's layout}`` of a ``TorchGPT``."""
     theirs = dict(tm.named_parameters())
     out = {}
-    for name, (tname, transpose) in _name_map(n_layers).items():
+    for name, (tname, transpose) in _name_map(n_layers, tm.norm).items():
         g = theirs[tname].grad.detach().numpy()
         out[name] = g.T if transpose else g
     return out
