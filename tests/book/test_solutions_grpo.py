@@ -56,16 +56,14 @@ def test_37_3_on_policy_nothing_is_clipped_and_the_gradient_is_minus_w_a():
         assert np.allclose(cache.dlogp, np.where(mask, -(w * A)[:, None], 0), rtol=1e-15, atol=0)
 
 
-def test_37_4_grpo_needs_many_times_best_of_eights_kl_for_its_rate():
+def test_37_4_grpo_needs_tens_of_times_best_of_eights_kl_for_its_rate():
     r = _rl()
     b8 = r["best_of"]["by"]["lenient"]["8"]
     rows = r["analysis"]["frontiers"]["grpo"]
     kl = [x["kl_per_line"][0] for x in rows]
     rate = [x["rate"][0] for x in rows]
     assert read_at(kl, rate, b8["kl_per_line"]) < b8["rate"]
-    order = np.argsort(kl)
-    i = next(i for i, j in enumerate(order) if rate[j] >= b8["rate"])
-    lo, hi = order[i - 1], order[i]
-    need = kl[lo] + (b8["rate"] - rate[lo]) * (kl[hi] - kl[lo]) / (rate[hi] - rate[lo])
-    assert kl[lo] < need <= kl[hi]
-    assert need > 3 * b8["kl_per_line"]
+    # along the run, step by step: it crosses best-of-8's rate between two measured steps
+    i = next(i for i, v in enumerate(rate) if v >= b8["rate"])
+    assert rate[i - 1] < b8["rate"] <= rate[i]
+    assert min(kl[i - 1], kl[i]) > 20 * b8["kl_per_line"]

@@ -85,7 +85,8 @@ def add_arguments(p):
     g.add_argument("--norm", choices=["layernorm", "rmsnorm"], default="layernorm", help="normalisation")
     g.add_argument("--positions", choices=["learned", "sinusoidal", "rope"], default="learned",
                    help="position information: learned table, fixed sinusoids, or rotary (RoPE)")
-    g.add_argument("--mlp", choices=["gelu", "relu", "swiglu"], default="gelu", help="feed-forward network")
+    g.add_argument("--mlp", choices=["gelu", "relu", "relu2", "swiglu"], default="gelu",
+                   help="feed-forward network")
     add_model_flags(g, n_kv_heads=Flag(None, "key/value heads of grouped-query attention "
                                              "(default: --n-heads)"))
     g.add_argument("--tie-embeddings", action="store_true", help="LM head weight = W_teᵀ")
