@@ -31,6 +31,8 @@ def test_37_1_a_fifth_of_the_base_groups_of_eight_teach_nothing():
     dead = (none + every).mean()
     naive = np.mean([(1 - j / m) ** 8 + (j / m) ** 8 for j in k])
     assert 0.1 < dead < 0.5 and dead < naive and none.mean() > 0.95 * dead
+    dp = _rl()["dpo_pairs"]                  # a direct count: the reference's 8 lines a prompt
+    assert dp["samples_per_prompt"] == 8 and 0 < dp["prompts"] - dp["prompts_with_a_pair"]
 
 
 def test_37_2_a_lone_success_outweighs_each_failure_g_minus_one_times():
